@@ -1,0 +1,1 @@
+"""The gateway: the cluster's one HTTP endpoint."""

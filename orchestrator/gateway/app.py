@@ -1,0 +1,136 @@
+"""The cluster's one endpoint: `/v1/*` proxied to rank 0, plus `/health`, `/status`, `/metrics`."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+from litestar import HttpMethod, Litestar, Request, Response, get, route
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+from litestar.handlers import BaseRouteHandler
+from litestar.response import Stream
+
+from orchestrator.gang_state import GangState
+from orchestrator.gateway.cluster_view import ClusterView
+from orchestrator.gateway.errors import (
+    ApiError,
+    api_error_handler,
+    http_exception_handler,
+    unauthorized,
+)
+from orchestrator.gateway.proxy import Proxy
+from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.status_model import ClusterStatus
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class Gateway:
+    """What the handlers share, kept on the app's State."""
+
+    view: ClusterView
+    metrics: OrchestratorMetrics
+    api_key: str | None
+    request_timeout_s: float
+    proxy: Proxy | None = None
+
+
+def _gateway(state: State) -> Gateway:
+    gateway: Gateway = state.gateway
+    return gateway
+
+
+def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    expected = _gateway(connection.app.state).api_key
+    if expected is None:
+        return
+    header = connection.headers.get("authorization", "")
+    scheme, _space, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise unauthorized("incorrect API key")
+
+
+@route("/v1/{path:path}", http_method=[HttpMethod.GET, HttpMethod.POST],
+       guards=[require_api_key], request_max_body_size=MAX_BODY_BYTES)
+async def proxy_v1(request: Request, path: str, state: State) -> Response | Stream:
+    proxy = _gateway(state).proxy
+    assert proxy is not None, "the lifespan opens the proxy"
+    result = await proxy.forward(request.method, f"/v1{path}", request.url.query or "",
+                                 dict(request.headers), await request.body())
+    if result.rest is None:
+        return Response(result.first_chunk, status_code=result.status, headers=result.headers)
+    return Stream(_chain(result.first_chunk, result.rest), status_code=result.status,
+                  headers=result.headers)
+
+
+async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
+@get("/health")
+async def health_endpoint(state: State) -> Response:
+    view = _gateway(state).view
+    body = {"status": view.state.value, "reason": view.reason}
+    return Response(body, status_code=200 if view.state == GangState.READY else 503)
+
+
+@get("/status", guards=[require_api_key])
+async def status_endpoint(state: State) -> ClusterStatus:
+    return _gateway(state).view.status()
+
+
+@get("/metrics")
+async def metrics_endpoint(state: State) -> Response:
+    gateway = _gateway(state)
+    text = gateway.metrics.render() + await _rank0_metrics(gateway)
+    return Response(text, media_type=PROMETHEUS_TEXT)
+
+
+async def _rank0_metrics(gateway: Gateway) -> bytes:
+    """Rank 0's serving_* families, so the whole cluster is one scrape target."""
+    if gateway.proxy is None or gateway.view.state != GangState.READY:
+        return b""
+    upstream = await gateway.view.wait_for_upstream(0.0)
+    if upstream is None:
+        return b""
+    try:
+        response = await gateway.proxy.client.get(f"{upstream.url}/metrics", timeout=2.0)
+    except httpx.HTTPError:
+        return b""
+    return response.content if response.status_code == 200 else b""
+
+
+def create_app(view: ClusterView, metrics: OrchestratorMetrics, *, api_key: str | None,
+               request_timeout_s: float) -> Litestar:
+    gateway = Gateway(view, metrics, api_key, request_timeout_s)
+
+    @asynccontextmanager
+    async def open_proxy(_: Litestar) -> AsyncIterator[None]:
+        # No read timeout: a long generation is bounded by rank 0's own request timeout.
+        timeout = httpx.Timeout(connect=5.0, read=None, write=30.0, pool=None)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            gateway.proxy = Proxy(view, client, metrics, request_timeout_s)
+            try:
+                yield
+            finally:
+                gateway.proxy = None
+
+    return Litestar(
+        route_handlers=[proxy_v1, health_endpoint, status_endpoint, metrics_endpoint],
+        lifespan=[open_proxy],
+        state=State({"gateway": gateway}),
+        exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler},
+        openapi_config=None,
+    )

@@ -1,0 +1,31 @@
+"""What the gateway needs from the control plane, and nothing more."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from msgspec import Struct
+
+from orchestrator.gang_state import GangState
+from orchestrator.status_model import ClusterStatus
+
+
+class Upstream(Struct, frozen=True):
+    """Rank 0's internal API of one launch of the gang."""
+
+    url: str
+    launch_id: str
+
+
+class ClusterView(Protocol):
+    @property
+    def state(self) -> GangState: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
+        """Rank 0 of a ready gang (other than `not_launch`), or None if none within the timeout."""
+        ...
+
+    def status(self) -> ClusterStatus: ...

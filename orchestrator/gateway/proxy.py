@@ -1,0 +1,115 @@
+"""Forwards `/v1/*` to rank 0, holding requests through restarts.
+
+A request that has not sent a byte to its client yet is resent to the next gang; a stream
+cut mid-way ends with an SSE error event in OpenAI's shape, never a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import msgspec
+
+from orchestrator.gang_state import GangState
+from orchestrator.gateway.cluster_view import ClusterView, Upstream
+from orchestrator.gateway.errors import ApiError, sse_error_event, unavailable
+from orchestrator.metrics import OrchestratorMetrics
+
+# Headers describing the body or the hop, which httpx recomputes.
+_HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "authorization",
+                "keep-alive", "accept-encoding"}
+
+
+class StreamFlag(msgspec.Struct):
+    stream: bool = False
+
+
+class UpstreamLost(Exception):
+    """The gang went away before this request's response began."""
+
+
+class ProxyResult(msgspec.Struct):
+    status: int
+    headers: dict[str, str]
+    first_chunk: bytes
+    rest: AsyncIterator[bytes] | None
+
+
+def wants_stream(body: bytes) -> bool:
+    try:
+        return msgspec.json.decode(body, type=StreamFlag).stream
+    except msgspec.DecodeError:
+        return False  # rank 0 answers malformed JSON with its own 400
+
+
+class Proxy:
+    def __init__(self, view: ClusterView, client: httpx.AsyncClient, metrics: OrchestratorMetrics,
+                 request_timeout_s: float) -> None:
+        self.view, self.client, self.metrics = view, client, metrics
+        self.request_timeout_s = request_timeout_s
+
+    async def forward(self, method: str, path: str, query: str, headers: dict[str, str],
+                      body: bytes) -> ProxyResult:
+        deadline = time.monotonic() + self.request_timeout_s
+        failed_launch = ""
+        while True:
+            upstream = await self.view.wait_for_upstream(deadline - time.monotonic(), failed_launch)
+            if upstream is None:
+                self.metrics.requests_failed.labels(reason="unavailable").inc()
+                raise self._unavailable_error()
+            try:
+                return await self._send(upstream, method, path, query, headers, body,
+                                        wants_stream(body))
+            except UpstreamLost:
+                failed_launch = upstream.launch_id
+                self.metrics.requests_retried.inc()
+
+    async def _send(self, upstream: Upstream, method: str, path: str, query: str,
+                    headers: dict[str, str], body: bytes, stream: bool) -> ProxyResult:
+        url = f"{upstream.url}{path}" + (f"?{query}" if query else "")
+        forwarded = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+        request = self.client.build_request(method, url, content=body, headers=forwarded)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise UpstreamLost(str(exc)) from exc
+        if response.status_code == 503:  # rank 0 is stopping: its gang is going away
+            await response.aclose()
+            raise UpstreamLost("rank 0 is stopping")
+        chunks = response.aiter_raw()
+        try:
+            # Until the client has a byte, a lost gang means "resend", so a plain response
+            # is read whole and a stream up to its first event.
+            first = await anext(chunks, b"") if stream else await response.aread()
+        except httpx.TransportError as exc:
+            await response.aclose()
+            raise UpstreamLost(str(exc)) from exc
+        result_headers = {k: v for k, v in response.headers.items() if k.lower() in
+                          {"content-type", "retry-after", "cache-control"}}
+        if not stream:
+            await response.aclose()
+            return ProxyResult(response.status_code, result_headers, first, None)
+        return ProxyResult(response.status_code, result_headers, first,
+                           self._rest(response, chunks))
+
+    async def _rest(self, response: httpx.Response, chunks: AsyncIterator[bytes]
+                    ) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except httpx.TransportError:
+            self.metrics.requests_failed.labels(reason="stream_cut").inc()
+            yield sse_error_event(ApiError(
+                503, "the cluster lost a rank while generating this response; retry the request",
+                type="server_error", code="stream_interrupted"))
+        finally:
+            await response.aclose()
+
+    def _unavailable_error(self) -> ApiError:
+        state = self.view.state
+        if state == GangState.FAILED:
+            return unavailable(f"cluster failed: {self.view.reason}", 60, code="cluster_failed")
+        detail = f" ({self.view.reason})" if self.view.reason else ""
+        return unavailable(f"cluster not ready within the request timeout: {state}{detail}", 5)

@@ -1,0 +1,219 @@
+"""Checks that every node can run the job, before anything is launched.
+
+Each check reads the nodes' fingerprints and yields failures naming the node, what was
+found and the fix; `up` reports all of them at once and exits 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from node_agent.fingerprint_types import ModelConfigInfo, NodeFingerprint
+from orchestrator.config import ClusterSpec
+
+GIB = 1024**3
+PACKAGES = ("mlx", "mlx-lm", "mlx-cluster-orchestrator")
+# JACCL (RDMA over Thunderbolt) shipped in macOS 26.2.
+JACCL_MIN_MACOS = (26, 2)
+# Metal's default working-set cap is roughly this share of RAM unless iogpu.wired_limit_mb is set.
+METAL_DEFAULT_WIRED_SHARE = 0.75
+MAX_SUGGESTED_RANKS = 16
+
+
+@dataclass(frozen=True)
+class PreflightFailure:
+    node: str  # "*" when the failure is about the cluster as a whole
+    check: str
+    found: str
+    fix: str
+
+    def render(self) -> str:
+        return f"[{self.check}] {self.node}: {self.found}\n    fix: {self.fix}"
+
+
+Fingerprints = Mapping[str, NodeFingerprint]
+
+
+def run_preflight(spec: ClusterSpec, fingerprints: Fingerprints,
+                  busy_ports: Mapping[str, list[str]] | None = None) -> list[PreflightFailure]:
+    checks = (_versions, _model, _heads, _memory, _addresses, _jaccl)
+    failures = [failure for check in checks for failure in check(spec, fingerprints)]
+    for node, endpoints in (busy_ports or {}).items():
+        for endpoint in endpoints:
+            failures.append(PreflightFailure(node, "ports", f"{endpoint} is already in use",
+                                             "stop what listens there (a leftover run? try "
+                                             "`orchestrator down`) or change the port in cluster.toml"))
+    return failures
+
+
+def _versions(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
+    reference_name = spec.nodes[0].name
+    reference = prints[reference_name]
+    for node in spec.nodes:
+        fingerprint = prints[node.name]
+        for package in ("mlx", "mlx-lm"):
+            if fingerprint.packages.get(package) is None:
+                yield PreflightFailure(
+                    node.name, "versions", f"{package} is not installed for {fingerprint.python.executable}",
+                    f"pip install {package} with that interpreter, or set python = ... for this node")
+        if node.name == reference_name:
+            continue
+        for field, ours, theirs in _version_fields(reference, fingerprint):
+            if ours != theirs:
+                yield PreflightFailure(
+                    node.name, "versions", f"{field} {theirs} differs from {ours} on {reference_name}",
+                    f"install {field} {ours} on {node.name} (every rank must run the same versions)")
+
+
+def _version_fields(a: NodeFingerprint, b: NodeFingerprint) -> Iterator[tuple[str, str, str]]:
+    # Ranks exchange raw tensors and msgpack plans, so a different Python patch release is
+    # harmless; a different minor release usually means different wheels.
+    yield "python", _minor(a.python.version), _minor(b.python.version)
+    for package in PACKAGES:
+        yield package, str(a.packages.get(package)), str(b.packages.get(package))
+    if a.code_digest and b.code_digest:
+        yield "orchestrator code", a.code_digest, b.code_digest
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _model(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
+    digests: dict[str, list[str]] = {}
+    for node in spec.nodes:
+        model = prints[node.name].model
+        if model is None or not model.exists:
+            reason = (model.error if model and model.error else None) or f"{spec.model.path} is missing"
+            yield PreflightFailure(node.name, "model", reason,
+                                   f"copy the model to {spec.model.path} on {node.name} "
+                                   "(the same files on every node)")
+            continue
+        if model.error:
+            yield PreflightFailure(node.name, "model", model.error, "fix or re-copy the model files")
+        digests.setdefault(model.digest or "?", []).append(node.name)
+    if len(digests) > 1:
+        groups = "; ".join(f"{', '.join(names)}: {digest}" for digest, names in digests.items())
+        yield PreflightFailure("*", "model", f"the model differs between nodes ({groups})",
+                               "copy the same model files to every node (rsync -a from one node)")
+
+
+def _model_config(spec: ClusterSpec, prints: Fingerprints) -> ModelConfigInfo | None:
+    model = prints[spec.nodes[0].name].model
+    return model.config if model and model.exists else None
+
+
+def _heads(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
+    config = _model_config(spec, prints)
+    if config is None or config.num_attention_heads is None:
+        return
+    heads = config.num_attention_heads
+    kv_heads = config.num_key_value_heads or heads
+    ranks = spec.world_size
+    if heads % ranks == 0 and kv_heads % ranks == 0:
+        return
+    common = math.gcd(heads, kv_heads)
+    working = [n for n in range(1, min(common, MAX_SUGGESTED_RANKS) + 1) if common % n == 0]
+    yield PreflightFailure(
+        "*", "heads",
+        f"the model has {heads} attention heads and {kv_heads} KV heads, which do not divide "
+        f"by {ranks} ranks (tensor parallelism splits heads evenly)",
+        f"use a rank count of {', '.join(map(str, working))} (nodes in cluster.toml), "
+        "or a model whose head counts divide by the number of nodes")
+
+
+def _memory(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
+    model = prints[spec.nodes[0].name].model
+    if model is None or not model.exists:
+        return
+    need = model.weight_bytes / spec.world_size + _kv_margin_bytes(spec, prints)
+    reserve = spec.preflight.reserve_memory_gb * GIB
+    for node in spec.nodes:
+        fingerprint = prints[node.name]
+        usable = _usable_memory(fingerprint)
+        if usable is None:
+            continue
+        if need > usable - reserve:
+            yield PreflightFailure(
+                node.name, "memory",
+                f"needs {need / GIB:.1f} GiB (its share of the weights plus KV cache) but has "
+                f"{usable / GIB:.1f} GiB usable, less {spec.preflight.reserve_memory_gb:g} GiB reserved",
+                "add nodes, use a smaller or more quantized model, free memory on the node, or "
+                "raise iogpu.wired_limit_mb (macOS)")
+
+
+def _usable_memory(fingerprint: NodeFingerprint) -> float | None:
+    if fingerprint.memory is None:
+        return None
+    available = fingerprint.memory.available_bytes or fingerprint.memory.total_bytes
+    if fingerprint.os.system != "Darwin":
+        return float(available)
+    wired_mb = fingerprint.gpu_wired_limit_mb or 0
+    wired = wired_mb * 1024**2 if wired_mb > 0 else fingerprint.memory.total_bytes * METAL_DEFAULT_WIRED_SHARE
+    return float(min(available, wired))
+
+
+def _kv_margin_bytes(spec: ClusterSpec, prints: Fingerprints) -> float:
+    """One full-context sequence of fp16 keys and values, split across the ranks."""
+    config = _model_config(spec, prints)
+    if config is None or not (config.num_hidden_layers and config.hidden_size and config.num_attention_heads):
+        return 0.0
+    head_dim = config.hidden_size / config.num_attention_heads
+    kv_heads = config.num_key_value_heads or config.num_attention_heads
+    context = spec.model.context_length or config.max_position_embeddings or 4096
+    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * 2
+    return per_token * context / spec.world_size
+
+
+def _addresses(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
+    for node in spec.nodes:
+        owned = prints[node.name].addresses()
+        if node.rank_ip not in owned:
+            listed = ", ".join(sorted(owned)) or "none"
+            yield PreflightFailure(node.name, "address", f"does not own {node.rank_ip} (its addresses: {listed})",
+                                   f"set ip = one of its addresses, or configure {node.rank_ip} on "
+                                   "its Thunderbolt interface")
+
+
+def _jaccl(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
+    if spec.cluster.backend != "jaccl":
+        return
+    for node in spec.nodes:
+        yield from _jaccl_node(node.name, node.rdma or [], prints[node.name])
+
+
+def _jaccl_node(name: str, devices: list[str | None], fingerprint: NodeFingerprint
+                ) -> Iterator[PreflightFailure]:
+    if fingerprint.os.system != "Darwin":
+        yield PreflightFailure(name, "jaccl", f"runs {fingerprint.os.name}; JACCL is RDMA over "
+                               "Thunderbolt 5 on macOS only", 'use backend = "ring" on this cluster')
+        return
+    if _version_tuple(fingerprint.os.version) < JACCL_MIN_MACOS:
+        yield PreflightFailure(name, "jaccl", f"runs macOS {fingerprint.os.version}",
+                               "update to macOS 26.2 or later (JACCL needs it)")
+    rdma = fingerprint.rdma
+    if rdma is None or rdma.status != "enabled":
+        status = "unavailable" if rdma is None else rdma.status
+        yield PreflightFailure(name, "jaccl", f"RDMA is {status}",
+                               "boot into recovery mode, run `rdma_ctl enable`, reboot")
+        return
+    by_name = {device.name: device for device in rdma.devices}
+    for device in filter(None, devices):
+        if device not in by_name and device not in rdma.device_names:
+            present = ", ".join(sorted(set(by_name) | set(rdma.device_names))) or "none"
+            yield PreflightFailure(name, "jaccl", f"RDMA device {device} not found (present: {present})",
+                                   "check the cable and the rdma list of this node (ibv_devices)")
+        elif device in by_name and not by_name[device].active:
+            yield PreflightFailure(name, "jaccl", f"RDMA device {device} has no PORT_ACTIVE port",
+                                   "check the Thunderbolt 5 cable between the two nodes")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)

@@ -1,0 +1,53 @@
+"""What `/status` and `orchestrator status --json` report: one typed snapshot of the cluster."""
+
+from __future__ import annotations
+
+from msgspec import Struct, field
+
+
+class NodeStatus(Struct, kw_only=True):
+    name: str
+    transport: str
+    host: str
+    connected: bool
+    hostname: str = ""
+    chip: str = ""
+    os: str = ""
+    memory_total_bytes: int = 0
+    memory_available_bytes: int = 0
+    mlx_version: str = ""
+    mlx_lm_version: str = ""
+    rdma: str = ""
+
+
+class RankStatus(Struct, kw_only=True):
+    rank: int
+    node: str
+    pid: int | None
+    state: str  # running | starting | exited | stopped
+    launch_id: str = ""
+    uptime_s: float = 0.0
+    last_exit: str = ""
+
+
+class ServingStatus(Struct, kw_only=True):
+    requests_running: int = 0
+    requests_waiting: int = 0
+    generation_tokens_total: int = 0
+    tokens_per_second: float = 0.0
+
+
+class ClusterStatus(Struct, kw_only=True):
+    cluster: str
+    state: str
+    reason: str = ""
+    api_url: str
+    model: str
+    backend: str
+    launch_id: str = ""
+    restarts: int = 0
+    last_cause: str = ""
+    orchestrator_pid: int
+    nodes: list[NodeStatus] = []
+    ranks: list[RankStatus] = []
+    serving: ServingStatus = field(default_factory=ServingStatus)

@@ -1,0 +1,30 @@
+"""Shared fixtures, and a guard that no test run leaves a process behind."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from tests.model_fixtures import bundled_model_dir, tiny_model_dir  # noqa: F401
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if any child process outlived its fixtures; end them by PID."""
+    leftovers = psutil.Process().children(recursive=True)
+    if not leftovers:
+        return
+    names = ", ".join(f"{child.pid} {' '.join(_cmdline(child))[:120]}" for child in leftovers)
+    for child in leftovers:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    print(f"\nERROR: processes left behind by the tests (now killed): {names}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return ["?"]

@@ -1,0 +1,203 @@
+"""cluster.toml loading: examples validate, broken files name the field and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import load_cluster
+from orchestrator.config_check import ConfigErrors, ConfigIssue, check_cluster_file
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = [ROOT / "cluster.toml.example", *sorted((ROOT / "docs" / "examples").glob("*.toml"))]
+
+LOCAL_NODE = '[[nodes]]\nname = "a"\n'
+TWO_RING_NODES = """
+[[nodes]]
+name = "a"
+ip = "127.0.0.1"
+[[nodes]]
+name = "b"
+ip = "127.0.0.1"
+"""
+JACCL_PAIR = """
+[cluster]
+backend = "jaccl"
+[[nodes]]
+name = "a"
+ip = "10.0.0.1"
+rdma = ["", "rdma_en3"]
+[[nodes]]
+name = "b"
+transport = "ssh"
+ssh = "me@b"
+ip = "10.0.0.2"
+rdma = ["rdma_en3", ""]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cluster.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def errors_of(tmp_path: Path, text: str) -> list[ConfigIssue]:
+    with pytest.raises(ConfigErrors) as caught:
+        check_cluster_file(write(tmp_path, text))
+    return caught.value.issues
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_examples_validate(example: Path) -> None:
+    """The shipped example and every docs example are valid configs."""
+    spec, _warnings = check_cluster_file(example)
+    assert spec.world_size >= 1
+
+
+def test_example_is_three_local_ring_ranks() -> None:
+    """cluster.toml.example runs as-is on one machine: 3 local ranks, ring, bundled model."""
+    spec = load_cluster(ROOT / "cluster.toml.example")
+    assert spec.cluster.backend == "ring"
+    assert [node.transport for node in spec.nodes] == ["local"] * 3
+    assert spec.model.path == "bundled:smollm2-135m-instruct"
+
+
+def test_only_nodes_are_required(tmp_path: Path) -> None:
+    """A file with one node gets a default for everything else."""
+    spec = load_cluster(write(tmp_path, LOCAL_NODE))
+    assert spec.api.port == 8000
+    assert spec.supervisor.backoff_max_s == 60
+    assert spec.model.served_id == "smollm2-135m-instruct"
+    assert spec.nodes[0].python_executable == sys.executable
+
+
+BROKEN = [
+    ("no nodes", "[cluster]\nname = 'x'\n", "nodes", "missing required key"),
+    ("unknown top-level key", LOCAL_NODE + "[sevring]\n", "sevring", "unknown key"),
+    ("unknown node key", LOCAL_NODE + "adress = '1.2.3.4'\n", "nodes[0].adress", "unknown key"),
+    ("bad backend", LOCAL_NODE + "[cluster]\nbackend = 'mpi'\n", "cluster.backend", "'mpi'"),
+    ("bad transport", '[[nodes]]\nname = "a"\ntransport = "telnet"\n', "nodes[0].transport", "telnet"),
+    ("port out of range", LOCAL_NODE + "[api]\nport = 70000\n", "api.port", "<= 65535"),
+    ("port wrong type", LOCAL_NODE + "[api]\nport = '8000'\n", "api.port", "Expected `int`"),
+    ("zero batch", LOCAL_NODE + "[serving]\nmax_batch_size = 0\n", "serving.max_batch_size", ">= 1"),
+    ("negative backoff", LOCAL_NODE + "[supervisor]\nbackoff_initial_s = -1\n",
+     "supervisor.backoff_initial_s", ">= 0"),
+    ("node name missing", "[[nodes]]\nip = '127.0.0.1'\n", "nodes[0].name", "missing required key"),
+    ("bad node name", '[[nodes]]\nname = "a b"\n', "nodes[0].name", "a b"),
+    ("duplicate names", '[[nodes]]\nname = "a"\nip = "127.0.0.1"\n[[nodes]]\nname = "a"\nip = "127.0.0.2"\n',
+     "nodes[1].name", "already the name of nodes[0]"),
+    ("ring needs ip", '[[nodes]]\nname = "a"\n[[nodes]]\nname = "b"\nip = "127.0.0.1"\n',
+     "nodes[0].ip", "missing"),
+    ("ip not an address", '[[nodes]]\nname = "a"\nip = "mac-a.local"\n', "nodes[0].ip",
+     "not an IP address"),
+    ("ssh without target", '[[nodes]]\nname = "a"\ntransport = "ssh"\n', "nodes[0].ssh",
+     "no ssh target"),
+    ("ssh target is an option", '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "-oProxyCommand=x"\n',
+     "nodes[0].ssh", "starts with '-'"),
+    ("bad api key env", LOCAL_NODE + "[api]\napi_key_env = 'sk-123'\n", "api.api_key_env",
+     "not a valid environment variable name"),
+    ("bad env name", LOCAL_NODE + "[nodes.env]\n'1X' = 'y'\n", "nodes[0].env.1X", "not a valid"),
+    ("reserved env", LOCAL_NODE + "[nodes.env]\nMLX_RANK = '3'\n", "nodes[0].env.MLX_RANK",
+     "set by the orchestrator"),
+    ("unknown bundled model", LOCAL_NODE + "[model]\npath = 'bundled:llama-9000'\n", "model.path",
+     "unknown bundled model"),
+    ("default above limit", LOCAL_NODE + "[serving]\nmax_tokens_default = 9000\n",
+     "serving.max_tokens_default", "above max_tokens_limit"),
+    ("port clash", TWO_RING_NODES + "[serving]\nrank_api_port = 52101\n", "cluster.rank_port",
+     "127.0.0.1:52101 is used by rank 1 (b) and serving.rank_api_port"),
+    ("rank ports overflow", LOCAL_NODE + "[cluster]\nrank_port = 65535\n[api]\nport=65535\n",
+     "cluster.rank_port", "used by"),
+    ("jaccl without rdma", JACCL_PAIR.replace('rdma = ["", "rdma_en3"]', ""), "nodes[0].rdma",
+     "missing"),
+    ("jaccl rdma wrong length", JACCL_PAIR.replace('["", "rdma_en3"]', '[""]'), "nodes[0].rdma",
+     "has 1 entries for 2 nodes"),
+    ("jaccl rdma self link", JACCL_PAIR.replace('["", "rdma_en3"]', '["rdma_en2", "rdma_en3"]'),
+     "nodes[0].rdma[0]", "at the node's own index"),
+    ("jaccl rdma missing peer", JACCL_PAIR.replace('["rdma_en3", ""]', '["", ""]'),
+     "nodes[1].rdma[0]", "no device towards a"),
+    ("section not a table", LOCAL_NODE + "api = 3\n", "api", "expected a table"),
+    ("nodes not tables", "nodes = 3\n", "nodes", "expected a list of tables"),
+]
+
+
+@pytest.mark.parametrize(("text", "path", "fragment"), [case[1:] for case in BROKEN],
+                         ids=[case[0] for case in BROKEN])
+def test_broken_config_names_field(tmp_path: Path, text: str, path: str, fragment: str) -> None:
+    """Each broken config reports the field path with a message and a fix."""
+    issues = errors_of(tmp_path, text)
+    matching = [issue for issue in issues if issue.path == path]
+    assert matching, f"no issue at {path}: {issues}"
+    assert any(fragment in issue.message for issue in matching), matching
+    assert all(issue.fix for issue in matching)
+
+
+def test_every_error_reported_at_once(tmp_path: Path) -> None:
+    """Three independent mistakes give three issues, not one."""
+    text = LOCAL_NODE + "colour = 'red'\n[api]\nport = 0\n[cluster]\nbackend = 'x'\n"
+    paths = {issue.path for issue in errors_of(tmp_path, text)}
+    assert paths == {"nodes[0].colour", "api.port", "cluster.backend"}
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
+    """A typo is named with the key it probably meant."""
+    (issue,) = errors_of(tmp_path, LOCAL_NODE + "[api]\nprot = 8000\n")
+    assert "did you mean 'port'" in issue.fix
+
+
+def test_toml_syntax_error_shows_line_and_column(tmp_path: Path) -> None:
+    """A syntax error points at its line and column."""
+    (issue,) = errors_of(tmp_path, LOCAL_NODE + "[api]\nport = = 3\n")
+    assert "line 4" in issue.message and "column" in issue.message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    """A path that does not exist is one clear error."""
+    with pytest.raises(ConfigErrors, match="file not found"):
+        check_cluster_file(tmp_path / "nope.toml")
+
+
+def test_warnings_do_not_fail(tmp_path: Path) -> None:
+    """Router subnets on a jaccl link and MLX_METAL_FAST_SYNCH warn but load."""
+    text = JACCL_PAIR.replace("10.0.0.1", "192.168.1.10") + '[nodes.env]\nMLX_METAL_FAST_SYNCH = "1"\n'
+    _spec, warnings = check_cluster_file(write(tmp_path, text))
+    assert {warning.path for warning in warnings} == {
+        "nodes[0].ip",
+        "nodes[1].env.MLX_METAL_FAST_SYNCH",
+    }
+    assert all(warning.severity == "warning" for warning in warnings)
+
+
+def test_rdma_own_index_becomes_null(tmp_path: Path) -> None:
+    """"" in an rdma list stands for TOML's missing null at the node's own index."""
+    spec = load_cluster(write(tmp_path, JACCL_PAIR))
+    assert spec.nodes[0].rdma == [None, "rdma_en3"]
+    assert spec.nodes[1].rdma == ["rdma_en3", None]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "orchestrator.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_cli_validate_summarises_valid_file() -> None:
+    """`orchestrator validate` exits 0 with nodes, backend, ranks and model."""
+    result = run_cli("validate", str(ROOT / "cluster.toml.example"))
+    assert result.returncode == 0, result.stderr
+    assert "ring backend, 3 ranks" in result.stdout
+    assert "bundled:smollm2-135m-instruct" in result.stdout
+    assert "127.0.0.1:52102" in result.stdout
+
+
+def test_cli_validate_lists_errors_with_exit_2(tmp_path: Path) -> None:
+    """`orchestrator validate` on a broken file exits 2 naming the file and each field."""
+    path = write(tmp_path, LOCAL_NODE + "[api]\nport = 0\nhots = 'x'\n")
+    result = run_cli("validate", str(path))
+    assert result.returncode == 2
+    assert f"{path}: 2 errors" in result.stderr
+    assert f"{path}: api.port" in result.stderr
+    assert "did you mean 'host'" in result.stderr
