@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
 from pathlib import Path
 
+from orchestrator import control
 from orchestrator.config_check import ConfigErrors, check_cluster_file
 from orchestrator.config_summary import summarize
+from orchestrator.launch_plan import build_plan, plan_as_toml
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
+DEFAULT_CONFIG = Path("cluster.toml")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except ConfigErrors as errors:
+        print(errors, file=sys.stderr)
+        return EXIT_CONFIG
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,20 +37,64 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one LLM across several Macs with MLX tensor parallelism, supervised.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    validate = commands.add_parser("validate", help="check a cluster.toml and summarize it")
-    validate.add_argument("config", type=Path, help="path of cluster.toml")
-    validate.set_defaults(run=_validate)
+
+    def command(name: str, help: str, run: object, config_optional: bool = False) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        if config_optional:
+            sub.add_argument("config", type=Path, nargs="?", default=DEFAULT_CONFIG,
+                             help="path of cluster.toml (default: ./cluster.toml)")
+        else:
+            sub.add_argument("config", type=Path, help="path of cluster.toml")
+        sub.set_defaults(run=run)
+        return sub
+
+    command("validate", "check a cluster.toml and summarize it", _validate)
+    command("plan", "print the resolved launch plan (ranks, nodes, ports, env) as TOML", _plan)
+    up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)
+    up.add_argument("--dry-run", action="store_true", help="print the launch plan and stop")
+    status = command("status", "show the running cluster at a glance", _status, config_optional=True)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    command("down", "stop the running cluster; no process of it is left", _down, config_optional=True)
+    command("restart", "reset the restart budget and relaunch a failed cluster", _restart,
+            config_optional=True)
     return parser
 
 
 def _validate(args: argparse.Namespace) -> int:
-    try:
-        spec, warnings = check_cluster_file(args.config)
-    except ConfigErrors as errors:
-        print(errors, file=sys.stderr)
-        return EXIT_CONFIG
+    spec, warnings = check_cluster_file(args.config)
     print(summarize(spec, warnings, args.config))
     return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    spec, _warnings = check_cluster_file(args.config)
+    print(plan_as_toml(build_plan(spec, "planned")), end="")
+    return EXIT_OK
+
+
+def _up(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        return _plan(args)
+    from orchestrator.service import Service  # imports the serving stack; not needed above
+
+    spec, warnings = check_cluster_file(args.config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+    for warning in warnings:
+        logging.getLogger("orchestrator").warning("%s", warning.render(args.config))
+    return asyncio.run(Service(spec, args.config).run())
+
+
+def _status(args: argparse.Namespace) -> int:
+    return control.status(args.config, args.json)
+
+
+def _down(args: argparse.Namespace) -> int:
+    return control.down(args.config)
+
+
+def _restart(args: argparse.Namespace) -> int:
+    return control.restart(args.config)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from node_agent.fingerprint_types import ModelConfigInfo, NodeFingerprint
 from orchestrator.config import ClusterSpec
 
 GIB = 1024**3
-PACKAGES = ("mlx", "mlx-lm", "mlx-cluster-orchestrator")
+# The project itself is compared by the digest of the code the agent runs.
+PACKAGES = ("mlx", "mlx-lm", "mlx-metal")
 # JACCL (RDMA over Thunderbolt) shipped in macOS 26.2.
 JACCL_MIN_MACOS = (26, 2)
 # Metal's default working-set cap is roughly this share of RAM unless iogpu.wired_limit_mb is set.

@@ -30,6 +30,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
     orchestrator_pid: int
     orchestrator_started: float  # psutil create_time, so a reused PID is not mistaken for ours
     api_url: str
+    api_key_env: str = ""  # the variable's name, so `status` can authenticate; never the key
     launch_id: str = ""
     ranks: list[RankRecord] = msgspec.field(default_factory=list)
 

@@ -25,7 +25,6 @@ class RankStatus(Struct, kw_only=True):
     node: str
     pid: int | None
     state: str  # running | starting | exited | stopped
-    launch_id: str = ""
     uptime_s: float = 0.0
     last_exit: str = ""
 

@@ -120,7 +120,7 @@ BROKEN = [
      "nodes[0].rdma[0]", "at the node's own index"),
     ("jaccl rdma missing peer", JACCL_PAIR.replace('["rdma_en3", ""]', '["", ""]'),
      "nodes[1].rdma[0]", "no device towards a"),
-    ("section not a table", LOCAL_NODE + "api = 3\n", "api", "expected a table"),
+    ("section not a table", "api = 3\n" + LOCAL_NODE, "api", "expected a table"),
     ("nodes not tables", "nodes = 3\n", "nodes", "expected a list of tables"),
 ]
 

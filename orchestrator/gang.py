@@ -1,0 +1,97 @@
+"""One launch of the serving job: a rank per node, started, tracked and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from node_agent.protocol import Exited, Spawn, Spawned
+from orchestrator.launch_plan import LaunchPlan, RankLaunch
+from orchestrator.nodes import NodePool
+from orchestrator.transports import AgentRequestError, TransportError
+
+log = logging.getLogger(__name__)
+
+LOG_FILE = "rank.log"
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    node: str
+    pid: int | None = None
+    started_at: float = 0.0  # time.time()
+    exited: Exited | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None and self.exited is None
+
+
+class LaunchError(Exception):
+    """A rank could not be spawned; the message names the rank and node."""
+
+
+class Gang:
+    def __init__(self, plan: LaunchPlan, pool: NodePool) -> None:
+        self.plan = plan
+        self.pool = pool
+        self.ranks = {launch.rank: RankProcess(launch.rank, launch.node) for launch in plan.ranks}
+
+    @property
+    def launch_id(self) -> str:
+        return self.plan.launch_id
+
+    async def start(self) -> None:
+        """Rank 0 first (it hosts the coordinator and the API), the others once it is up."""
+        first, *rest = self.plan.ranks
+        await self._spawn(first)
+        await asyncio.gather(*(self._spawn(launch) for launch in rest))
+
+    async def _spawn(self, launch: RankLaunch) -> None:
+        request = Spawn(rank=launch.rank, argv=launch.argv, env=launch.env, cwd=launch.cwd,
+                        files=launch.files, log_file=f"{launch.cwd}/{LOG_FILE}",
+                        launch_id=self.launch_id)
+        try:
+            reply = await self.pool.agent(launch.node).request(request, Spawned, 30.0)
+        except (TransportError, AgentRequestError) as exc:
+            raise LaunchError(f"rank {launch.rank} on {launch.node}: {exc}") from exc
+        process = self.ranks[launch.rank]
+        process.pid, process.started_at = reply.pid, time.time()
+        log.info("rank %d started on %s: pid %d, launch %s", launch.rank, launch.node, reply.pid,
+                 self.launch_id)
+
+    def note_exit(self, exited: Exited) -> RankProcess | None:
+        """Record an Exited event if it belongs to this launch; returns the rank it ended."""
+        process = self.ranks.get(exited.rank)
+        if process is None or exited.launch_id != self.launch_id or exited.pid != process.pid:
+            return None
+        process.exited = exited
+        return process
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM every running rank's process group, SIGKILL after grace_s; all nodes at once."""
+        running = [process for process in self.ranks.values() if process.running]
+        await asyncio.gather(*(self._stop_one(process, grace_s) for process in running))
+
+    async def _stop_one(self, process: RankProcess, grace_s: float) -> None:
+        try:
+            for exited in await self.pool.agent(process.node).stop(process.rank, grace_s):
+                self.note_exit(exited)
+        except (TransportError, AgentRequestError) as exc:
+            # A lost agent takes its ranks with it (it stops them when its channel closes).
+            log.warning("stopping rank %d on %s: %s", process.rank, process.node, exc)
+
+    async def leftovers(self) -> list[str]:
+        """Ranks of this launch that any reachable agent still runs (should be none)."""
+        found: list[str] = []
+        for name in {launch.node for launch in self.plan.ranks}:
+            try:
+                infos = await self.pool.agent(name).list_ranks()
+            except (TransportError, AgentRequestError):
+                continue
+            found += [f"rank {info.rank} pid {info.pid} on {name}" for info in infos
+                      if info.launch_id == self.launch_id]
+        return found

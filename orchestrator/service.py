@@ -1,0 +1,198 @@
+"""`orchestrator up`: the long-running service, from config to a supervised, served gang.
+
+    validate ─▶ connect every node ─▶ fingerprints ─▶ preflight ─▶ gateway ─▶ supervisor.run()
+                                                       │ failures: report all, exit 2
+
+Shutdown in stages, as uvicorn does it: the first Ctrl-C or SIGTERM stops accepting
+requests and lets in-flight ones finish for up to stop_grace_s, then every rank is
+stopped (SIGTERM, then SIGKILL) and the agents closed; a second Ctrl-C skips the wait.
+Signal handlers only record the signal; the main coroutine acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from orchestrator.config import ClusterSpec
+from orchestrator.gang import Gang
+from orchestrator.gang_state import GangState, StateMachine
+from orchestrator.gateway.app import create_app
+from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.nodes import NodePool
+from orchestrator.preflight import run_preflight
+from orchestrator.stale_ranks import end_stale_ranks
+from orchestrator.state_file import (
+    ClusterState,
+    RankRecord,
+    orchestrator_alive,
+    own_start_time,
+    read_state,
+    remove_state,
+    state_path,
+    write_state,
+)
+from orchestrator.supervisor import Supervisor
+
+log = logging.getLogger("orchestrator")
+
+EXIT_OK = 0
+EXIT_NOT_STARTED = 2
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our loop: the service owns the signals, not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Service:
+    def __init__(self, spec: ClusterSpec, config_path: Path) -> None:
+        self.spec, self.config_path = spec, config_path
+        self.metrics = OrchestratorMetrics()
+        self.machine = StateMachine()
+        self.state_file = state_path(spec)
+        self._signals = 0
+        self._shutdown = asyncio.Event()
+        self._force = asyncio.Event()
+
+    async def run(self) -> int:
+        previous = read_state(self.state_file)
+        if previous is not None and orchestrator_alive(previous):
+            log.error("cluster %r is already run by orchestrator pid %d (%s); "
+                      "`orchestrator down %s` stops it", self.spec.cluster.name,
+                      previous.orchestrator_pid, previous.api_url, self.config_path)
+            return EXIT_NOT_STARTED
+        self._install_signal_handlers()
+        async with httpx.AsyncClient() as http:
+            pool = NodePool(self.spec, on_event=lambda n, e: self.supervisor.on_agent_event(n, e),
+                            on_lost=lambda n, x: self.supervisor.on_agent_lost(n, x))
+            self.supervisor = Supervisor(self.spec, pool, self.metrics, self.machine, http,
+                                         on_launch=self._record_launch)
+            try:
+                if not await self._prepare(pool, previous):
+                    self.machine.to(GangState.STOPPED, "did not start")
+                    return EXIT_NOT_STARTED
+                await self._serve()
+            finally:
+                await pool.close_all()
+                remove_state(self.state_file)
+        return EXIT_OK
+
+    async def _prepare(self, pool: NodePool, previous: ClusterState | None) -> bool:
+        """Connect, clean up after a crashed run, preflight. False: reported, do not start."""
+        self.machine.to(GangState.CONNECTING)
+        errors = await pool.connect_all()
+        for error in errors:
+            log.error("cannot reach node %s (%s): %s", error.node, error.kind, error.message)
+        if errors:
+            return False
+        for name in pool.nodes:
+            self.metrics.node_up.labels(node=name).set(1)
+        if previous is not None:
+            await end_stale_ranks(pool, previous)
+            remove_state(self.state_file)
+        self.machine.to(GangState.PREFLIGHT)
+        fingerprints = await pool.fingerprint_all()
+        for name, fingerprint in fingerprints.items():
+            if fingerprint.memory is not None:
+                self.metrics.node_memory.labels(node=name, kind="total").set(fingerprint.memory.total_bytes)
+                self.metrics.node_memory.labels(node=name, kind="available").set(
+                    fingerprint.memory.available_bytes or 0)
+        failures = run_preflight(self.spec, fingerprints, await self._busy_ports(pool))
+        for failure in failures:
+            self.metrics.preflight_failures.labels(check=failure.check).inc()
+        if failures:
+            report = "\n".join("  " + failure.render() for failure in failures)
+            log.error("preflight failed, nothing was launched:\n%s", report)
+            return False
+        log.info("preflight passed on %d nodes", len(fingerprints))
+        return True
+
+    async def _busy_ports(self, pool: NodePool) -> dict[str, list[str]]:
+        busy: dict[str, list[str]] = {}
+        if _port_in_use(self.spec.api.host, self.spec.api.port):
+            busy["orchestrator"] = [f"{self.spec.api.host}:{self.spec.api.port} (api.port)"]
+        for rank, node in enumerate(self.spec.nodes):
+            ports = [self.spec.cluster.rank_port + rank]
+            if rank == 0:
+                ports.append(self.spec.serving.rank_api_port)
+            in_use = await pool.agent(node.name).ports_in_use(node.rank_ip, ports)
+            if in_use:
+                busy.setdefault(node.name, []).extend(f"{node.rank_ip}:{port}" for port in in_use)
+        return busy
+
+    async def _serve(self) -> None:
+        api_key = os.environ.get(self.spec.api.api_key_env) if self.spec.api.api_key_env else None
+        app = create_app(self.supervisor, self.metrics, api_key=api_key or None,
+                         request_timeout_s=self.spec.serving.request_timeout_s)
+        server = EmbeddedServer(uvicorn.Config(
+            app, host=self.spec.api.host, port=self.spec.api.port, log_level="warning",
+            timeout_graceful_shutdown=int(self.spec.supervisor.stop_grace_s) or None))
+        gateway = asyncio.create_task(server.serve())
+        supervision = asyncio.create_task(self.supervisor.run())
+        log.info("gateway at http://%s:%d (health, status, metrics, /v1)", self.spec.api.host,
+                 self.spec.api.port)
+        await asyncio.wait([gateway, supervision, asyncio.create_task(self._shutdown.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        await self._stop(server, gateway, supervision)
+
+    async def _stop(self, server: uvicorn.Server, gateway: asyncio.Task[None],
+                    supervision: asyncio.Task[None]) -> None:
+        grace = self.spec.supervisor.stop_grace_s
+        log.info("stopping: no new requests; in-flight ones get up to %g s", grace)
+        server.should_exit = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._drained(gateway)), grace + 1)
+        server.force_exit = True
+        log.info("stopping every rank")
+        self.supervisor.request_stop(force=self._force.is_set())
+        await supervision
+        with contextlib.suppress(BaseException):
+            await gateway
+        log.info("stopped")
+
+    async def _drained(self, gateway: asyncio.Task[None]) -> None:
+        await asyncio.wait([gateway, asyncio.create_task(self._force.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+
+    def _record_launch(self, gang: Gang) -> None:
+        ranks = [RankRecord(rank=p.rank, node=p.node, pid=p.pid, launch_id=gang.launch_id)
+                 for p in gang.ranks.values() if p.pid is not None]
+        write_state(self.state_file, ClusterState(
+            cluster=self.spec.cluster.name, config=str(self.config_path.resolve()),
+            orchestrator_pid=os.getpid(), orchestrator_started=own_start_time(),
+            api_url=f"http://{self.spec.api.host}:{self.spec.api.port}",
+            api_key_env=self.spec.api.api_key_env or "", launch_id=gang.launch_id, ranks=ranks))
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_stop_signal)
+        loop.add_signal_handler(signal.SIGHUP, lambda: self.supervisor.request_restart())
+
+    def _on_stop_signal(self) -> None:
+        self._signals += 1
+        self._shutdown.set()
+        if self._signals > 1:
+            self._force.set()
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False

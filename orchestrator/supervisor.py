@@ -1,0 +1,273 @@
+"""Launches the gang, watches it, and restarts the whole gang when any part of it fails.
+
+    launch ──▶ wait for rank 0 healthy ──▶ ready: watch exits, lost agents, progress
+       ▲                                          │ first failure (+ a short settle to
+       │                                          ▼ see its echoes), root cause picked
+    backoff (+ cause cool-down) ◀── stop every rank, confirm none left ──▶ budget spent: failed
+
+A failed cluster keeps the orchestrator (and its 503s) up until `orchestrator restart`
+(SIGHUP) resets the budget, or a stop request ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from node_agent.protocol import Event, Exited, Log
+from orchestrator.config import ClusterSpec
+from orchestrator.failures import Cause, RankFailure, classify_exit, root_cause
+from orchestrator.gang import Gang, LaunchError
+from orchestrator.gang_state import GangState, StateMachine
+from orchestrator.gateway.cluster_view import Upstream
+from orchestrator.health_probe import ProgressWatch, sample_serving, wait_until_healthy
+from orchestrator.launch_plan import build_plan, new_launch_id
+from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.nodes import NodePool
+from orchestrator.restart_policy import RestartPolicy
+from orchestrator.status_report import build_status
+from orchestrator.status_model import ClusterStatus
+from orchestrator.transports import AgentExit
+
+log = logging.getLogger(__name__)
+rank_log = logging.getLogger("rank")
+
+SETTLE_S = 0.5  # after a first failure, how long its echoes (peer_lost) may take to arrive
+WATCH_S = 1.0
+
+
+class Supervisor:
+    def __init__(self, spec: ClusterSpec, pool: NodePool, metrics: OrchestratorMetrics,
+                 machine: StateMachine, http: httpx.AsyncClient,
+                 on_launch: Callable[[Gang], None] = lambda gang: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.spec, self.pool, self.metrics, self.machine = spec, pool, metrics, machine
+        self.http, self._on_launch, self._clock = http, on_launch, clock
+        self.policy = RestartPolicy(spec.supervisor, clock)
+        self.gang: Gang | None = None
+        self.restarts = 0
+        self.last_failure: RankFailure | None = None
+        self.progress: ProgressWatch | None = None
+        self._failures: asyncio.Queue[RankFailure] = asyncio.Queue()
+        self._stop = asyncio.Event()
+        self._restart = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._ready_since = 0.0
+        self._force = False
+        machine.on_change(self._state_changed)
+
+    # ── what the gateway sees (ClusterView) ──
+
+    @property
+    def state(self) -> GangState:
+        return self.machine.state
+
+    @property
+    def reason(self) -> str:
+        return self.machine.reason
+
+    async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
+        deadline = self._clock() + timeout_s
+        while True:
+            gang = self.gang
+            if self.state == GangState.READY and gang and gang.launch_id != not_launch:
+                return Upstream(gang.plan.rank0_url, gang.launch_id)
+            remaining = deadline - self._clock()
+            if self.state in (GangState.FAILED, GangState.STOPPED) or remaining <= 0:
+                return None
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                return None
+
+    def status(self) -> ClusterStatus:
+        return build_status(self)
+
+    # ── requests from the operator ──
+
+    def request_stop(self, force: bool = False) -> None:
+        """End the run; with force, ranks get SIGKILL at once instead of a grace period."""
+        self._force = self._force or force
+        self._stop.set()
+
+    def request_restart(self) -> None:
+        """`orchestrator restart` / SIGHUP: a fresh restart budget, and a relaunch if failed."""
+        self.policy.reset()
+        self._restart.set()
+
+    # ── events from the agents ──
+
+    def on_agent_event(self, node: str, event: Event) -> None:
+        if isinstance(event, Log):
+            rank_log.info("[%s r%d] %s", node, event.rank, event.line)
+        elif isinstance(event, Exited):
+            self._on_exit(node, event)
+
+    def on_agent_lost(self, node: str, exit_info: AgentExit) -> None:
+        self.metrics.node_up.labels(node=node).set(0)
+        if self.gang is not None and any(p.node == node and p.running for p in self.gang.ranks.values()):
+            self._fail(RankFailure(Cause.AGENT_LOST, node, None, exit_info.reason, self._clock()))
+
+    def _on_exit(self, node: str, exited: Exited) -> None:
+        process = self.gang.note_exit(exited) if self.gang else None
+        if process is None:
+            return
+        self.metrics.rank_up.labels(rank=str(exited.rank)).set(0)
+        if not exited.stopped:
+            self._fail(classify_exit(exited, node, self._clock(), memory_pressure=self._low_memory(node)))
+
+    def _low_memory(self, node: str) -> bool:
+        fingerprint = self.pool.nodes[node].fingerprint
+        memory = fingerprint.memory if fingerprint else None
+        return bool(memory and memory.available_bytes is not None
+                    and memory.available_bytes < 0.05 * memory.total_bytes)
+
+    def _fail(self, failure: RankFailure) -> None:
+        log.warning("failure: %s", failure.summary())
+        self._failures.put_nowait(failure)
+
+    # ── the loop ──
+
+    async def run(self) -> None:
+        """Serve until a stop request; returns with every rank stopped."""
+        try:
+            while not self._stop.is_set():
+                failure = await self._launch_and_serve()
+                if failure is None or not await self._recover(failure):
+                    break
+        finally:
+            await self._stop_gang()
+            self.machine.to(GangState.STOPPED, "stop requested")
+
+    async def _launch_and_serve(self) -> RankFailure | None:
+        self.machine.to(GangState.LAUNCHING)
+        started = self._clock()
+        failure = await self._launch()
+        if failure is None:
+            failure = await self._first_of(self._until_healthy(), self._failures.get())
+        if failure is not None or self._stop.is_set():
+            return failure
+        self.metrics.launch_duration.observe(self._clock() - started)
+        if self.last_failure is not None:
+            self.metrics.recovery.observe(self._clock() - self.last_failure.at)
+        self._ready_since = self._clock()
+        self.machine.to(GangState.READY, f"serving at {self.spec.api.host}:{self.spec.api.port}")
+        return await self._first_of(self._watch_progress(), self._failures.get())
+
+    async def _launch(self) -> RankFailure | None:
+        for error in await self.pool.connect_all():
+            return RankFailure(Cause.AGENT_LOST, error.node, None, error.message, self._clock())
+        self._drain_failures()
+        self.gang = Gang(build_plan(self.spec, new_launch_id()), self.pool)
+        log.info("launching %d ranks, launch %s", self.spec.world_size, self.gang.launch_id)
+        try:
+            await self.gang.start()
+        except LaunchError as exc:
+            return RankFailure(Cause.RANK_CRASHED, "?", None, str(exc), self._clock())
+        finally:
+            self._on_launch(self.gang)
+        for rank in self.gang.ranks:
+            self.metrics.rank_up.labels(rank=str(rank)).set(1)
+        return None
+
+    async def _until_healthy(self) -> RankFailure | None:
+        assert self.gang is not None
+        timeout = self.spec.supervisor.launch_timeout_s
+        if await wait_until_healthy(self.http, self.gang.plan.rank0_url, timeout):
+            return None
+        return RankFailure(Cause.INIT_TIMEOUT, self.spec.nodes[0].name, 0,
+                           f"rank 0 not healthy within {timeout:g} s", self._clock())
+
+    async def _watch_progress(self) -> RankFailure | None:
+        assert self.gang is not None
+        watch = self.progress = ProgressWatch(self.spec.supervisor.hang_timeout_s, self._clock())
+        while True:
+            await asyncio.sleep(WATCH_S)
+            self.policy.note_ready(self._ready_since)
+            sample = await sample_serving(self.http, self.gang.plan.rank0_url)
+            reason = watch.observe(sample, self._clock())
+            if reason is not None:
+                return RankFailure(Cause.HANG, self.spec.nodes[0].name, 0, reason, self._clock())
+
+    async def _first_of(self, *waits: object) -> RankFailure | None:
+        """The first failure among the given waits; None on a stop request or a clean finish."""
+        tasks = [asyncio.ensure_future(w) for w in waits]  # type: ignore[arg-type]
+        tasks.append(asyncio.ensure_future(self._stop.wait()))
+        try:
+            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+        results = [task.result() for task in done if isinstance(task.result(), RankFailure)]
+        if not results or self._stop.is_set():
+            return None
+        return await self._settle(results[0])
+
+    async def _settle(self, first: RankFailure) -> RankFailure:
+        """Wait briefly for the failure's echoes, then pick the root cause."""
+        await asyncio.sleep(SETTLE_S)
+        failures = [first, *self._drain_failures()]
+        root = root_cause(failures)
+        for echo in failures:
+            if echo is not root:
+                log.info("consequence of %s: %s", root.cause, echo.summary())
+        return root
+
+    def _drain_failures(self) -> list[RankFailure]:
+        drained = []
+        while not self._failures.empty():
+            drained.append(self._failures.get_nowait())
+        return drained
+
+    async def _recover(self, failure: RankFailure) -> bool:
+        """Stop the gang, then wait out the backoff; False if the orchestrator should stop."""
+        self.last_failure = failure
+        self.machine.to(GangState.RESTARTING, failure.summary())
+        await self._stop_gang()
+        if self.policy.budget_exhausted():
+            return await self._wait_while_failed(failure)
+        delay = self.policy.next_delay(failure.cause)
+        self.restarts += 1
+        self.metrics.restarts.labels(cause=failure.cause.value).inc()
+        self.metrics.restart_backoff.set(delay)
+        log.info("relaunching in %.1f s (restart %d, cause %s)", delay, self.restarts, failure.cause)
+        return not await self._interruptible_sleep(delay)
+
+    async def _wait_while_failed(self, failure: RankFailure) -> bool:
+        window = self.spec.supervisor.restart_window_s
+        hint = " (EBUSY that persists usually needs a reboot of the nodes)" if failure.cause == Cause.EBUSY else ""
+        self.machine.to(GangState.FAILED, f"more than {self.spec.supervisor.max_restarts} restarts "
+                        f"within {window:g} s; last: {failure.summary()}{hint}")
+        self._restart.clear()
+        await self._first_of(self._restart.wait())
+        return not self._stop.is_set()
+
+    async def _interruptible_sleep(self, seconds: float) -> bool:
+        """Sleep; True if a stop request came first."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _stop_gang(self) -> None:
+        gang = self.gang
+        if gang is None:
+            return
+        await gang.stop(0.0 if self._force else self.spec.supervisor.stop_grace_s)
+        leftovers = await gang.leftovers()
+        if leftovers:
+            log.error("ranks still running after stop: %s; killing", ", ".join(leftovers))
+            await gang.stop(0.0)
+        for rank in gang.ranks:
+            self.metrics.rank_up.labels(rank=str(rank)).set(0)
+
+    def _state_changed(self, old: GangState, new: GangState, reason: str) -> None:
+        self.metrics.state.state(new.value)
+        self._changed.set()
+        self._changed = asyncio.Event()

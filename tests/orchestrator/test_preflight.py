@@ -1,0 +1,127 @@
+"""Preflight on real fingerprints from a real local agent, each check failing on its own."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from node_agent.fingerprint_types import NodeFingerprint
+from orchestrator.config import ClusterSpec, NodeSpec
+from orchestrator.config_check import check_cluster_data
+from orchestrator.preflight import PreflightFailure, run_preflight
+from orchestrator.transports import LocalTransport
+
+replace = msgspec.structs.replace
+
+
+def cluster(model: str, node_count: int = 1, **sections: dict[str, object]) -> ClusterSpec:
+    data: dict[str, object] = {
+        "model": {"path": model},
+        "nodes": [{"name": f"n{i}", "ip": "127.0.0.1"} for i in range(node_count)],
+        **sections,
+    }
+    spec, _warnings = check_cluster_data(data, Path("test.toml"))
+    return spec
+
+
+async def take_fingerprint(model: str) -> NodeFingerprint:
+    async with LocalTransport(NodeSpec(name="local")) as transport:
+        agent = await transport.start_agent()
+        return await agent.fingerprint(model)
+
+
+@pytest.fixture(scope="module")
+def bundled_fingerprint() -> NodeFingerprint:
+    """One real fingerprint of this machine, taken by a real local agent."""
+    return asyncio.run(take_fingerprint("bundled:smollm2-135m-instruct"))
+
+
+def prints_for(spec: ClusterSpec, fingerprint: NodeFingerprint) -> dict[str, NodeFingerprint]:
+    return {node.name: fingerprint for node in spec.nodes}
+
+
+def checks(failures: list[PreflightFailure]) -> list[str]:
+    return [failure.check for failure in failures]
+
+
+async def test_healthy_local_cluster_passes(bundled_fingerprint: NodeFingerprint) -> None:
+    """This machine passes preflight for 1 and 3 ranks of the bundled model."""
+    for ranks in (1, 3):
+        spec = cluster("bundled:smollm2-135m-instruct", ranks)
+        assert run_preflight(spec, prints_for(spec, bundled_fingerprint)) == []
+
+
+async def test_heads_not_divisible_names_working_rank_counts(bundled_fingerprint: NodeFingerprint) -> None:
+    """SmolLM2 (9 heads, 3 KV heads) on 2 ranks fails, suggesting 1 or 3."""
+    spec = cluster("bundled:smollm2-135m-instruct", 2)
+    (failure,) = run_preflight(spec, prints_for(spec, bundled_fingerprint))
+    assert failure.check == "heads"
+    assert "9 attention heads and 3 KV heads" in failure.found
+    assert "use a rank count of 1, 3" in failure.fix
+
+
+async def test_missing_model(bundled_fingerprint: NodeFingerprint, tmp_path: Path) -> None:
+    """A model path that does not exist on a node is named with that node."""
+    missing = await take_fingerprint(str(tmp_path / "no-such-model"))
+    spec = cluster(str(tmp_path / "no-such-model"))
+    failures = run_preflight(spec, prints_for(spec, missing))
+    assert checks(failures) == ["model"]
+    assert failures[0].node == "n0" and "does not exist" in failures[0].found
+
+
+async def test_model_differs_between_nodes(bundled_fingerprint: NodeFingerprint) -> None:
+    """Two nodes with different model digests fail with both digests named."""
+    spec = cluster("bundled:smollm2-135m-instruct", 3)
+    assert bundled_fingerprint.model is not None
+    other = replace(bundled_fingerprint, model=replace(bundled_fingerprint.model, digest="0" * 16))
+    prints = {"n0": bundled_fingerprint, "n1": bundled_fingerprint, "n2": other}
+    (failure,) = run_preflight(spec, prints)
+    assert failure.check == "model" and "0" * 16 in failure.found and "n2" in failure.found
+
+
+async def test_version_mismatch_is_a_per_field_diff(bundled_fingerprint: NodeFingerprint) -> None:
+    """A node with another mlx-lm is named with both versions."""
+    spec = cluster("bundled:smollm2-135m-instruct", 3)
+    packages = dict(bundled_fingerprint.packages, **{"mlx-lm": "0.0.1"})
+    prints = prints_for(spec, bundled_fingerprint) | {"n1": replace(bundled_fingerprint, packages=packages)}
+    (failure,) = run_preflight(spec, prints)
+    assert failure.check == "versions" and failure.node == "n1"
+    assert f"mlx-lm 0.0.1 differs from {bundled_fingerprint.packages['mlx-lm']} on n0" == failure.found
+
+
+async def test_mlx_not_installed(bundled_fingerprint: NodeFingerprint) -> None:
+    """A node whose python lacks mlx is told to install it."""
+    spec = cluster("bundled:smollm2-135m-instruct")
+    packages = dict(bundled_fingerprint.packages, mlx=None)
+    failures = run_preflight(spec, {"n0": replace(bundled_fingerprint, packages=packages)})
+    assert checks(failures) == ["versions"]
+    assert "mlx is not installed" in failures[0].found
+
+
+async def test_memory_too_small(bundled_fingerprint: NodeFingerprint) -> None:
+    """Reserving more memory than the node has leaves no room for the model."""
+    spec = cluster("bundled:smollm2-135m-instruct", preflight={"reserve_memory_gb": 1e6})
+    failures = run_preflight(spec, prints_for(spec, bundled_fingerprint))
+    assert checks(failures) == ["memory"]
+    assert "GiB usable" in failures[0].found
+
+
+async def test_ip_not_owned(bundled_fingerprint: NodeFingerprint) -> None:
+    """A node configured with an address it does not have fails with its real addresses."""
+    data_spec = cluster("bundled:smollm2-135m-instruct")
+    spec = replace(data_spec, nodes=[replace(data_spec.nodes[0], ip="192.0.2.77")])
+    failures = run_preflight(spec, prints_for(spec, bundled_fingerprint))
+    assert checks(failures) == ["address"]
+    assert "does not own 192.0.2.77" in failures[0].found and "127.0.0.1" in failures[0].found
+
+
+async def test_jaccl_refused_on_linux(bundled_fingerprint: NodeFingerprint) -> None:
+    """jaccl on a Linux node is refused with the reason."""
+    data = {"cluster": {"backend": "jaccl"}, "model": {"path": "bundled:smollm2-135m-instruct"},
+            "nodes": [{"name": "n0", "ip": "127.0.0.1", "rdma": [""]}]}
+    spec, _ = check_cluster_data(data, Path("t.toml"))
+    failures = run_preflight(spec, prints_for(spec, bundled_fingerprint))
+    assert checks(failures) == ["jaccl"] and "macOS only" in failures[0].found
