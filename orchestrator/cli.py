@@ -38,11 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def command(name: str, help: str, run: object, config_optional: bool = False) -> argparse.ArgumentParser:
+    def command(
+        name: str, help: str, run: object, config_optional: bool = False
+    ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         if config_optional:
-            sub.add_argument("config", type=Path, nargs="?", default=DEFAULT_CONFIG,
-                             help="path of cluster.toml (default: ./cluster.toml)")
+            sub.add_argument(
+                "config",
+                type=Path,
+                nargs="?",
+                default=DEFAULT_CONFIG,
+                help="path of cluster.toml (default: ./cluster.toml)",
+            )
         else:
             sub.add_argument("config", type=Path, help="path of cluster.toml")
         sub.set_defaults(run=run)
@@ -52,11 +59,19 @@ def _parser() -> argparse.ArgumentParser:
     command("plan", "print the resolved launch plan (ranks, nodes, ports, env) as TOML", _plan)
     up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)
     up.add_argument("--dry-run", action="store_true", help="print the launch plan and stop")
-    status = command("status", "show the running cluster at a glance", _status, config_optional=True)
+    status = command(
+        "status", "show the running cluster at a glance", _status, config_optional=True
+    )
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    command("down", "stop the running cluster; no process of it is left", _down, config_optional=True)
-    command("restart", "reset the restart budget and relaunch a failed cluster", _restart,
-            config_optional=True)
+    command(
+        "down", "stop the running cluster; no process of it is left", _down, config_optional=True
+    )
+    command(
+        "restart",
+        "reset the restart budget and relaunch a failed cluster",
+        _restart,
+        config_optional=True,
+    )
     return parser
 
 
@@ -78,8 +93,12 @@ def _up(args: argparse.Namespace) -> int:
     from orchestrator.service import Service  # imports the serving stack; not needed above
 
     spec, warnings = check_cluster_file(args.config)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
     for warning in warnings:
         logging.getLogger("orchestrator").warning("%s", warning.render(args.config))
     return asyncio.run(Service(spec, args.config).run())

@@ -89,7 +89,9 @@ def _convert_struct(
 ) -> Any:
     if not isinstance(data, dict):
         where = path or "the file"
-        issues.append(ConfigIssue(path, f"expected a table, got {_describe(data)}", f"make {where} a table"))
+        issues.append(
+            ConfigIssue(path, f"expected a table, got {_describe(data)}", f"make {where} a table")
+        )
         return None
     fields = {f.encode_name: f for f in msgspec.structs.fields(cls)}
     start = len(issues)
@@ -101,7 +103,9 @@ def _convert_struct(
         if name in data:
             values[field.name] = _convert_value(data[name], field.type, _join(path, name), issues)
         elif field.required:
-            issues.append(ConfigIssue(_join(path, name), "missing required key", _required_fix(name)))
+            issues.append(
+                ConfigIssue(_join(path, name), "missing required key", _required_fix(name))
+            )
     if len(issues) > start:
         return None
     return cls(**values)
@@ -115,9 +119,14 @@ def _convert_value(value: object, annotation: Any, path: str, issues: list[Confi
         if isinstance(item_type, type) and issubclass(item_type, msgspec.Struct):
             if not isinstance(value, list):
                 fix = f"write one [[{path}]] table per item"
-                issues.append(ConfigIssue(path, f"expected a list of tables, got {_describe(value)}", fix))
+                issues.append(
+                    ConfigIssue(path, f"expected a list of tables, got {_describe(value)}", fix)
+                )
                 return None
-            return [_convert_struct(item, item_type, f"{path}[{i}]", issues) for i, item in enumerate(value)]
+            return [
+                _convert_struct(item, item_type, f"{path}[{i}]", issues)
+                for i, item in enumerate(value)
+            ]
     try:
         return msgspec.convert(value, annotation, strict=True)
     except msgspec.ValidationError as exc:

@@ -16,7 +16,13 @@ from orchestrator.config import ClusterSpec
 from orchestrator.config_check import check_cluster_file
 from orchestrator.nodes import NodePool
 from orchestrator.stale_ranks import end_stale_ranks
-from orchestrator.state_file import ClusterState, orchestrator_alive, read_state, remove_state, state_path
+from orchestrator.state_file import (
+    ClusterState,
+    orchestrator_alive,
+    read_state,
+    remove_state,
+    state_path,
+)
 from orchestrator.status_model import ClusterStatus
 from orchestrator.status_view import print_status
 
@@ -31,8 +37,11 @@ def status(config: Path, as_json: bool) -> int:
         return EXIT_DOWN
     snapshot = _fetch_status(state)
     if snapshot is None:
-        _say_not_running(spec.cluster.name, as_json, f"orchestrator pid {state.orchestrator_pid} "
-                         f"does not answer at {state.api_url}")
+        _say_not_running(
+            spec.cluster.name,
+            as_json,
+            f"orchestrator pid {state.orchestrator_pid} does not answer at {state.api_url}",
+        )
         return EXIT_DOWN
     if as_json:
         print(msgspec.json.format(msgspec.json.encode(snapshot)).decode())
@@ -57,7 +66,11 @@ def _fetch_status(state: ClusterState) -> ClusterStatus | None:
 
 def _say_not_running(cluster: str, as_json: bool, why: str = "not running") -> None:
     if as_json:
-        print(msgspec.json.encode({"cluster": cluster, "state": "not_running", "reason": why}).decode())
+        print(
+            msgspec.json.encode(
+                {"cluster": cluster, "state": "not_running", "reason": why}
+            ).decode()
+        )
     else:
         print(f"{cluster}: {why}")
 
@@ -76,8 +89,10 @@ def down(config: Path, timeout_s: float = 120.0) -> int:
         deadline = time.monotonic() + timeout_s
         while orchestrator_alive(state):
             if time.monotonic() > deadline:
-                print(f"orchestrator pid {state.orchestrator_pid} still running after {timeout_s:g} s",
-                      file=sys.stderr)
+                print(
+                    f"orchestrator pid {state.orchestrator_pid} still runs after {timeout_s:g} s",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(0.2)
         print(f"{spec.cluster.name}: stopped")

@@ -28,8 +28,11 @@ class Cause(StrEnum):
 # JACCL reports ibv_* failures with errno 16 when the RDMA resources of a previous job are
 # still held; "Device or resource busy" is strerror(EBUSY).
 _EBUSY = re.compile(r"\bEBUSY\b|errno 16\b|Device or resource busy", re.IGNORECASE)
-_OOM = re.compile(r"\[metal::malloc\]|Resource limit .* exceeded|std::bad_alloc|MemoryError|"
-                  r"out of memory|Unable to allocate", re.IGNORECASE)
+_OOM = re.compile(
+    r"\[metal::malloc\]|Resource limit .* exceeded|std::bad_alloc|MemoryError|"
+    r"out of memory|Unable to allocate",
+    re.IGNORECASE,
+)
 _DESYNC = re.compile(r"BATCH DESYNC")
 
 
@@ -49,7 +52,9 @@ class RankFailure:
         return f"{self.cause}: {where}: {self.detail}"
 
 
-def classify_exit(exited: Exited, node: str, at: float, *, memory_pressure: bool = False) -> RankFailure:
+def classify_exit(
+    exited: Exited, node: str, at: float, *, memory_pressure: bool = False
+) -> RankFailure:
     """The cause of one rank's unrequested exit, from its code, signal and last stderr lines."""
     tail = tuple(exited.stderr_tail)
     text = "\n".join(tail)

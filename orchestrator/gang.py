@@ -51,17 +51,28 @@ class Gang:
         await asyncio.gather(*(self._spawn(launch) for launch in rest))
 
     async def _spawn(self, launch: RankLaunch) -> None:
-        request = Spawn(rank=launch.rank, argv=launch.argv, env=launch.env, cwd=launch.cwd,
-                        files=launch.files, log_file=f"{launch.cwd}/{LOG_FILE}",
-                        launch_id=self.launch_id)
+        request = Spawn(
+            rank=launch.rank,
+            argv=launch.argv,
+            env=launch.env,
+            cwd=launch.cwd,
+            files=launch.files,
+            log_file=f"{launch.cwd}/{LOG_FILE}",
+            launch_id=self.launch_id,
+        )
         try:
             reply = await self.pool.agent(launch.node).request(request, Spawned, 30.0)
         except (TransportError, AgentRequestError) as exc:
             raise LaunchError(f"rank {launch.rank} on {launch.node}: {exc}") from exc
         process = self.ranks[launch.rank]
         process.pid, process.started_at = reply.pid, time.time()
-        log.info("rank %d started on %s: pid %d, launch %s", launch.rank, launch.node, reply.pid,
-                 self.launch_id)
+        log.info(
+            "rank %d started on %s: pid %d, launch %s",
+            launch.rank,
+            launch.node,
+            reply.pid,
+            self.launch_id,
+        )
 
     def note_exit(self, exited: Exited) -> RankProcess | None:
         """Record an Exited event if it belongs to this launch; returns the rank it ended."""
@@ -92,6 +103,9 @@ class Gang:
                 infos = await self.pool.agent(name).list_ranks()
             except (TransportError, AgentRequestError):
                 continue
-            found += [f"rank {info.rank} pid {info.pid} on {name}" for info in infos
-                      if info.launch_id == self.launch_id]
+            found += [
+                f"rank {info.rank} pid {info.pid} on {name}"
+                for info in infos
+                if info.launch_id == self.launch_id
+            ]
         return found

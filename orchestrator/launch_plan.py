@@ -104,7 +104,9 @@ def _settings(spec: ClusterSpec, launch_id: str) -> RankSettings:
 
 
 def _hostfile(spec: ClusterSpec) -> list[list[str]]:
-    return [[f"{node.rank_ip}:{spec.cluster.rank_port + rank}"] for rank, node in enumerate(spec.nodes)]
+    return [
+        [f"{node.rank_ip}:{spec.cluster.rank_port + rank}"] for rank, node in enumerate(spec.nodes)
+    ]
 
 
 def _env(spec: ClusterSpec, node: NodeSpec, rank: int, launch_id: str) -> dict[str, str]:

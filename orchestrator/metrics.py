@@ -17,31 +17,58 @@ class OrchestratorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.state = Enum("orchestrator_state", "State of the cluster's gang.",
-                          states=[state.value for state in GangState], registry=r)
-        self.restarts = Counter("orchestrator_restarts", "Gang restarts by root cause.",
-                                ["cause"], registry=r)
-        self.node_up = Gauge("orchestrator_node_up", "1 when the node's agent is connected.",
-                             ["node"], registry=r)
-        self.node_memory = Gauge("orchestrator_node_memory_bytes",
-                                 "Node memory from its last fingerprint.", ["node", "kind"], registry=r)
-        self.rank_up = Gauge("orchestrator_rank_up", "1 while the rank's process runs.",
-                             ["rank"], registry=r)
-        self.launch_duration = Histogram("orchestrator_launch_duration_seconds",
-                                         "From gang launch to rank 0 ready.",
-                                         buckets=_DURATION_BUCKETS, registry=r)
-        self.recovery = Histogram("orchestrator_recovery_seconds",
-                                  "From failure detected to ready again.",
-                                  buckets=_DURATION_BUCKETS, registry=r)
-        self.restart_backoff = Gauge("orchestrator_restart_backoff_seconds",
-                                     "Backoff before the pending relaunch.", registry=r)
-        self.preflight_failures = Counter("orchestrator_preflight_failures",
-                                          "Failed preflight checks.", ["check"], registry=r)
-        self.requests_retried = Counter("orchestrator_requests_retried",
-                                        "Requests resent to a new gang after a failure.", registry=r)
-        self.requests_failed = Counter("orchestrator_requests_failed",
-                                       "Requests the gateway ended with an error.", ["reason"],
-                                       registry=r)
+        self.state = Enum(
+            "orchestrator_state",
+            "State of the cluster's gang.",
+            states=[state.value for state in GangState],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "orchestrator_restarts", "Gang restarts by root cause.", ["cause"], registry=r
+        )
+        self.node_up = Gauge(
+            "orchestrator_node_up", "1 when the node's agent is connected.", ["node"], registry=r
+        )
+        self.node_memory = Gauge(
+            "orchestrator_node_memory_bytes",
+            "Node memory from its last fingerprint.",
+            ["node", "kind"],
+            registry=r,
+        )
+        self.rank_up = Gauge(
+            "orchestrator_rank_up", "1 while the rank's process runs.", ["rank"], registry=r
+        )
+        self.launch_duration = Histogram(
+            "orchestrator_launch_duration_seconds",
+            "From gang launch to rank 0 ready.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.recovery = Histogram(
+            "orchestrator_recovery_seconds",
+            "From failure detected to ready again.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.restart_backoff = Gauge(
+            "orchestrator_restart_backoff_seconds",
+            "Backoff before the pending relaunch.",
+            registry=r,
+        )
+        self.preflight_failures = Counter(
+            "orchestrator_preflight_failures", "Failed preflight checks.", ["check"], registry=r
+        )
+        self.requests_retried = Counter(
+            "orchestrator_requests_retried",
+            "Requests resent to a new gang after a failure.",
+            registry=r,
+        )
+        self.requests_failed = Counter(
+            "orchestrator_requests_failed",
+            "Requests the gateway ended with an error.",
+            ["reason"],
+            registry=r,
+        )
         self.state.state(GangState.PENDING.value)
 
     def render(self) -> bytes:

@@ -42,8 +42,13 @@ class NodeConnection:
 
 
 class NodePool:
-    def __init__(self, spec: ClusterSpec, on_event: EventSink, on_lost: LostSink,
-                 connect_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        on_event: EventSink,
+        on_lost: LostSink,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
         self.spec = spec
         self.nodes = {node.name: NodeConnection(node) for node in spec.nodes}
         self._on_event, self._on_lost = on_event, on_lost
@@ -59,13 +64,17 @@ class NodePool:
     async def connect_all(self) -> list[TransportError]:
         """Connect every node not connected yet; returns the failures, one per node."""
         names = [name for name, node in self.nodes.items() if not node.connected]
-        results = await asyncio.gather(*(self.connect(name) for name in names), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self.connect(name) for name in names), return_exceptions=True
+        )
         errors: list[TransportError] = []
         for name, result in zip(names, results, strict=True):
             if isinstance(result, TransportError):
                 errors.append(result)
             elif isinstance(result, BaseException):
-                errors.append(TransportError(name, ErrorKind.OTHER, f"{type(result).__name__}: {result}"))
+                errors.append(
+                    TransportError(name, ErrorKind.OTHER, f"{type(result).__name__}: {result}")
+                )
         return errors
 
     async def connect(self, name: str) -> None:
@@ -75,14 +84,20 @@ class NodePool:
         transport = transport_for(node.spec)
         node.transport = transport
         await transport.connect()
-        agent = await transport.start_agent(on_event=lambda event: self._on_event(name, event),
-                                            start_timeout=self._connect_timeout_s)
+        agent = await transport.start_agent(
+            on_event=lambda event: self._on_event(name, event),
+            start_timeout=self._connect_timeout_s,
+        )
         node.agent = agent
         watcher = asyncio.create_task(self._watch(name, agent))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
-        log.info("[%s] agent %s up (pid %s)", name, agent.hello.agent_version if agent.hello else "?",
-                 agent.hello.pid if agent.hello else "?")
+        log.info(
+            "[%s] agent %s up (pid %s)",
+            name,
+            agent.hello.agent_version if agent.hello else "?",
+            agent.hello.pid if agent.hello else "?",
+        )
 
     async def fingerprint_all(self) -> dict[str, NodeFingerprint]:
         async def one(name: str) -> NodeFingerprint:
@@ -107,4 +122,3 @@ class NodePool:
         transport, node.transport, node.agent = node.transport, None, None
         if transport is not None:
             await transport.close()
-

@@ -37,15 +37,22 @@ class PreflightFailure:
 Fingerprints = Mapping[str, NodeFingerprint]
 
 
-def run_preflight(spec: ClusterSpec, fingerprints: Fingerprints,
-                  busy_ports: Mapping[str, list[str]] | None = None) -> list[PreflightFailure]:
+def run_preflight(
+    spec: ClusterSpec, fingerprints: Fingerprints, busy_ports: Mapping[str, list[str]] | None = None
+) -> list[PreflightFailure]:
     checks = (_versions, _model, _heads, _memory, _addresses, _jaccl)
     failures = [failure for check in checks for failure in check(spec, fingerprints)]
     for node, endpoints in (busy_ports or {}).items():
         for endpoint in endpoints:
-            failures.append(PreflightFailure(node, "ports", f"{endpoint} is already in use",
-                                             "stop what listens there (a leftover run? try "
-                                             "`orchestrator down`) or change the port in cluster.toml"))
+            failures.append(
+                PreflightFailure(
+                    node,
+                    "ports",
+                    f"{endpoint} is already in use",
+                    "stop what listens there (a leftover run? try "
+                    "`orchestrator down`) or change the port in cluster.toml",
+                )
+            )
     return failures
 
 
@@ -57,15 +64,21 @@ def _versions(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFail
         for package in ("mlx", "mlx-lm"):
             if fingerprint.packages.get(package) is None:
                 yield PreflightFailure(
-                    node.name, "versions", f"{package} is not installed for {fingerprint.python.executable}",
-                    f"pip install {package} with that interpreter, or set python = ... for this node")
+                    node.name,
+                    "versions",
+                    f"{package} is not installed for {fingerprint.python.executable}",
+                    f"pip install {package} with that interpreter, or set this node's python",
+                )
         if node.name == reference_name:
             continue
         for field, ours, theirs in _version_fields(reference, fingerprint):
             if ours != theirs:
                 yield PreflightFailure(
-                    node.name, "versions", f"{field} {theirs} differs from {ours} on {reference_name}",
-                    f"install {field} {ours} on {node.name} (every rank must run the same versions)")
+                    node.name,
+                    "versions",
+                    f"{field} {theirs} differs from {ours} on {reference_name}",
+                    f"install {field} {ours} on {node.name} (all ranks need the same versions)",
+                )
 
 
 def _version_fields(a: NodeFingerprint, b: NodeFingerprint) -> Iterator[tuple[str, str, str]]:
@@ -87,18 +100,30 @@ def _model(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure
     for node in spec.nodes:
         model = prints[node.name].model
         if model is None or not model.exists:
-            reason = (model.error if model and model.error else None) or f"{spec.model.path} is missing"
-            yield PreflightFailure(node.name, "model", reason,
-                                   f"copy the model to {spec.model.path} on {node.name} "
-                                   "(the same files on every node)")
+            reason = (
+                model.error if model and model.error else None
+            ) or f"{spec.model.path} is missing"
+            yield PreflightFailure(
+                node.name,
+                "model",
+                reason,
+                f"copy the model to {spec.model.path} on {node.name} "
+                "(the same files on every node)",
+            )
             continue
         if model.error:
-            yield PreflightFailure(node.name, "model", model.error, "fix or re-copy the model files")
+            yield PreflightFailure(
+                node.name, "model", model.error, "fix or re-copy the model files"
+            )
         digests.setdefault(model.digest or "?", []).append(node.name)
     if len(digests) > 1:
         groups = "; ".join(f"{', '.join(names)}: {digest}" for digest, names in digests.items())
-        yield PreflightFailure("*", "model", f"the model differs between nodes ({groups})",
-                               "copy the same model files to every node (rsync -a from one node)")
+        yield PreflightFailure(
+            "*",
+            "model",
+            f"the model differs between nodes ({groups})",
+            "copy the same model files to every node (rsync -a from one node)",
+        )
 
 
 def _model_config(spec: ClusterSpec, prints: Fingerprints) -> ModelConfigInfo | None:
@@ -118,11 +143,13 @@ def _heads(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure
     common = math.gcd(heads, kv_heads)
     working = [n for n in range(1, min(common, MAX_SUGGESTED_RANKS) + 1) if common % n == 0]
     yield PreflightFailure(
-        "*", "heads",
+        "*",
+        "heads",
         f"the model has {heads} attention heads and {kv_heads} KV heads, which do not divide "
         f"by {ranks} ranks (tensor parallelism splits heads evenly)",
         f"use a rank count of {', '.join(map(str, working))} (nodes in cluster.toml), "
-        "or a model whose head counts divide by the number of nodes")
+        "or a model whose head counts divide by the number of nodes",
+    )
 
 
 def _memory(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
@@ -138,11 +165,14 @@ def _memory(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailur
             continue
         if need > usable - reserve:
             yield PreflightFailure(
-                node.name, "memory",
+                node.name,
+                "memory",
                 f"needs {need / GIB:.1f} GiB (its share of the weights plus KV cache) but has "
-                f"{usable / GIB:.1f} GiB usable, less {spec.preflight.reserve_memory_gb:g} GiB reserved",
+                f"{usable / GIB:.1f} GiB usable, less "
+                f"{spec.preflight.reserve_memory_gb:g} GiB reserved",
                 "add nodes, use a smaller or more quantized model, free memory on the node, or "
-                "raise iogpu.wired_limit_mb (macOS)")
+                "raise iogpu.wired_limit_mb (macOS)",
+            )
 
 
 def _usable_memory(fingerprint: NodeFingerprint) -> float | None:
@@ -152,14 +182,20 @@ def _usable_memory(fingerprint: NodeFingerprint) -> float | None:
     if fingerprint.os.system != "Darwin":
         return float(available)
     wired_mb = fingerprint.gpu_wired_limit_mb or 0
-    wired = wired_mb * 1024**2 if wired_mb > 0 else fingerprint.memory.total_bytes * METAL_DEFAULT_WIRED_SHARE
+    wired = (
+        wired_mb * 1024**2
+        if wired_mb > 0
+        else fingerprint.memory.total_bytes * METAL_DEFAULT_WIRED_SHARE
+    )
     return float(min(available, wired))
 
 
 def _kv_margin_bytes(spec: ClusterSpec, prints: Fingerprints) -> float:
     """One full-context sequence of fp16 keys and values, split across the ranks."""
     config = _model_config(spec, prints)
-    if config is None or not (config.num_hidden_layers and config.hidden_size and config.num_attention_heads):
+    if config is None or not (
+        config.num_hidden_layers and config.hidden_size and config.num_attention_heads
+    ):
         return 0.0
     head_dim = config.hidden_size / config.num_attention_heads
     kv_heads = config.num_key_value_heads or config.num_attention_heads
@@ -173,9 +209,13 @@ def _addresses(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFai
         owned = prints[node.name].addresses()
         if node.rank_ip not in owned:
             listed = ", ".join(sorted(owned)) or "none"
-            yield PreflightFailure(node.name, "address", f"does not own {node.rank_ip} (its addresses: {listed})",
-                                   f"set ip = one of its addresses, or configure {node.rank_ip} on "
-                                   "its Thunderbolt interface")
+            yield PreflightFailure(
+                node.name,
+                "address",
+                f"does not own {node.rank_ip} (its addresses: {listed})",
+                f"set ip = one of its addresses, or configure {node.rank_ip} on "
+                "its Thunderbolt interface",
+            )
 
 
 def _jaccl(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
@@ -185,30 +225,51 @@ def _jaccl(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure
         yield from _jaccl_node(node.name, node.rdma or [], prints[node.name])
 
 
-def _jaccl_node(name: str, devices: list[str | None], fingerprint: NodeFingerprint
-                ) -> Iterator[PreflightFailure]:
+def _jaccl_node(
+    name: str, devices: list[str | None], fingerprint: NodeFingerprint
+) -> Iterator[PreflightFailure]:
     if fingerprint.os.system != "Darwin":
-        yield PreflightFailure(name, "jaccl", f"runs {fingerprint.os.name}; JACCL is RDMA over "
-                               "Thunderbolt 5 on macOS only", 'use backend = "ring" on this cluster')
+        yield PreflightFailure(
+            name,
+            "jaccl",
+            f"runs {fingerprint.os.name}; JACCL is RDMA over Thunderbolt 5 on macOS only",
+            'use backend = "ring" on this cluster',
+        )
         return
     if _version_tuple(fingerprint.os.version) < JACCL_MIN_MACOS:
-        yield PreflightFailure(name, "jaccl", f"runs macOS {fingerprint.os.version}",
-                               "update to macOS 26.2 or later (JACCL needs it)")
+        yield PreflightFailure(
+            name,
+            "jaccl",
+            f"runs macOS {fingerprint.os.version}",
+            "update to macOS 26.2 or later (JACCL needs it)",
+        )
     rdma = fingerprint.rdma
     if rdma is None or rdma.status != "enabled":
         status = "unavailable" if rdma is None else rdma.status
-        yield PreflightFailure(name, "jaccl", f"RDMA is {status}",
-                               "boot into recovery mode, run `rdma_ctl enable`, reboot")
+        yield PreflightFailure(
+            name,
+            "jaccl",
+            f"RDMA is {status}",
+            "boot into recovery mode, run `rdma_ctl enable`, reboot",
+        )
         return
     by_name = {device.name: device for device in rdma.devices}
     for device in filter(None, devices):
         if device not in by_name and device not in rdma.device_names:
             present = ", ".join(sorted(set(by_name) | set(rdma.device_names))) or "none"
-            yield PreflightFailure(name, "jaccl", f"RDMA device {device} not found (present: {present})",
-                                   "check the cable and the rdma list of this node (ibv_devices)")
+            yield PreflightFailure(
+                name,
+                "jaccl",
+                f"RDMA device {device} not found (present: {present})",
+                "check the cable and the rdma list of this node (ibv_devices)",
+            )
         elif device in by_name and not by_name[device].active:
-            yield PreflightFailure(name, "jaccl", f"RDMA device {device} has no PORT_ACTIVE port",
-                                   "check the Thunderbolt 5 cable between the two nodes")
+            yield PreflightFailure(
+                name,
+                "jaccl",
+                f"RDMA device {device} has no PORT_ACTIVE port",
+                "check the Thunderbolt 5 cable between the two nodes",
+            )
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

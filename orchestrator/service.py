@@ -70,16 +70,25 @@ class Service:
     async def run(self) -> int:
         previous = read_state(self.state_file)
         if previous is not None and orchestrator_alive(previous):
-            log.error("cluster %r is already run by orchestrator pid %d (%s); "
-                      "`orchestrator down %s` stops it", self.spec.cluster.name,
-                      previous.orchestrator_pid, previous.api_url, self.config_path)
+            log.error(
+                "cluster %r is already run by orchestrator pid %d (%s); "
+                "`orchestrator down %s` stops it",
+                self.spec.cluster.name,
+                previous.orchestrator_pid,
+                previous.api_url,
+                self.config_path,
+            )
             return EXIT_NOT_STARTED
         self._install_signal_handlers()
         async with httpx.AsyncClient() as http:
-            pool = NodePool(self.spec, on_event=lambda n, e: self.supervisor.on_agent_event(n, e),
-                            on_lost=lambda n, x: self.supervisor.on_agent_lost(n, x))
-            self.supervisor = Supervisor(self.spec, pool, self.metrics, self.machine, http,
-                                         on_launch=self._record_launch)
+            pool = NodePool(
+                self.spec,
+                on_event=lambda n, e: self.supervisor.on_agent_event(n, e),
+                on_lost=lambda n, x: self.supervisor.on_agent_lost(n, x),
+            )
+            self.supervisor = Supervisor(
+                self.spec, pool, self.metrics, self.machine, http, on_launch=self._record_launch
+            )
             try:
                 if not await self._prepare(pool, previous):
                     self.machine.to(GangState.STOPPED, "did not start")
@@ -107,9 +116,12 @@ class Service:
         fingerprints = await pool.fingerprint_all()
         for name, fingerprint in fingerprints.items():
             if fingerprint.memory is not None:
-                self.metrics.node_memory.labels(node=name, kind="total").set(fingerprint.memory.total_bytes)
+                self.metrics.node_memory.labels(node=name, kind="total").set(
+                    fingerprint.memory.total_bytes
+                )
                 self.metrics.node_memory.labels(node=name, kind="available").set(
-                    fingerprint.memory.available_bytes or 0)
+                    fingerprint.memory.available_bytes or 0
+                )
         failures = run_preflight(self.spec, fingerprints, await self._busy_ports(pool))
         for failure in failures:
             self.metrics.preflight_failures.labels(check=failure.check).inc()
@@ -135,21 +147,37 @@ class Service:
 
     async def _serve(self) -> None:
         api_key = os.environ.get(self.spec.api.api_key_env) if self.spec.api.api_key_env else None
-        app = create_app(self.supervisor, self.metrics, api_key=api_key or None,
-                         request_timeout_s=self.spec.serving.request_timeout_s)
-        server = EmbeddedServer(uvicorn.Config(
-            app, host=self.spec.api.host, port=self.spec.api.port, log_level="warning",
-            timeout_graceful_shutdown=int(self.spec.supervisor.stop_grace_s) or None))
+        app = create_app(
+            self.supervisor,
+            self.metrics,
+            api_key=api_key or None,
+            request_timeout_s=self.spec.serving.request_timeout_s,
+        )
+        server = EmbeddedServer(
+            uvicorn.Config(
+                app,
+                host=self.spec.api.host,
+                port=self.spec.api.port,
+                log_level="warning",
+                timeout_graceful_shutdown=int(self.spec.supervisor.stop_grace_s) or None,
+            )
+        )
         gateway = asyncio.create_task(server.serve())
         supervision = asyncio.create_task(self.supervisor.run())
-        log.info("gateway at http://%s:%d (health, status, metrics, /v1)", self.spec.api.host,
-                 self.spec.api.port)
-        await asyncio.wait([gateway, supervision, asyncio.create_task(self._shutdown.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        log.info(
+            "gateway at http://%s:%d (health, status, metrics, /v1)",
+            self.spec.api.host,
+            self.spec.api.port,
+        )
+        await asyncio.wait(
+            [gateway, supervision, asyncio.create_task(self._shutdown.wait())],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         await self._stop(server, gateway, supervision)
 
-    async def _stop(self, server: uvicorn.Server, gateway: asyncio.Task[None],
-                    supervision: asyncio.Task[None]) -> None:
+    async def _stop(
+        self, server: uvicorn.Server, gateway: asyncio.Task[None], supervision: asyncio.Task[None]
+    ) -> None:
         grace = self.spec.supervisor.stop_grace_s
         log.info("stopping: no new requests; in-flight ones get up to %g s", grace)
         server.should_exit = True
@@ -164,17 +192,29 @@ class Service:
         log.info("stopped")
 
     async def _drained(self, gateway: asyncio.Task[None]) -> None:
-        await asyncio.wait([gateway, asyncio.create_task(self._force.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [gateway, asyncio.create_task(self._force.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
 
     def _record_launch(self, gang: Gang) -> None:
-        ranks = [RankRecord(rank=p.rank, node=p.node, pid=p.pid, launch_id=gang.launch_id)
-                 for p in gang.ranks.values() if p.pid is not None]
-        write_state(self.state_file, ClusterState(
-            cluster=self.spec.cluster.name, config=str(self.config_path.resolve()),
-            orchestrator_pid=os.getpid(), orchestrator_started=own_start_time(),
-            api_url=f"http://{self.spec.api.host}:{self.spec.api.port}",
-            api_key_env=self.spec.api.api_key_env or "", launch_id=gang.launch_id, ranks=ranks))
+        ranks = [
+            RankRecord(rank=p.rank, node=p.node, pid=p.pid, launch_id=gang.launch_id)
+            for p in gang.ranks.values()
+            if p.pid is not None
+        ]
+        write_state(
+            self.state_file,
+            ClusterState(
+                cluster=self.spec.cluster.name,
+                config=str(self.config_path.resolve()),
+                orchestrator_pid=os.getpid(),
+                orchestrator_started=own_start_time(),
+                api_url=f"http://{self.spec.api.host}:{self.spec.api.port}",
+                api_key_env=self.spec.api.api_key_env or "",
+                launch_id=gang.launch_id,
+                ranks=ranks,
+            ),
+        )
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

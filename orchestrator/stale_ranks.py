@@ -24,11 +24,21 @@ async def end_stale_ranks(pool: NodePool, state: ClusterState, grace_s: float = 
         try:
             killed = await pool.agent(record.node).reap(record.pid, record.launch_id, grace_s)
         except (TransportError, AgentRequestError) as exc:
-            log.warning("could not check rank %d (pid %d) on %s: %s", record.rank, record.pid,
-                        record.node, exc)
+            log.warning(
+                "could not check rank %d (pid %d) on %s: %s",
+                record.rank,
+                record.pid,
+                record.node,
+                exc,
+            )
             continue
         if killed:
             ended += 1
-            log.info("ended rank %d (pid %d, launch %s) left on %s by a previous run",
-                     record.rank, record.pid, record.launch_id, record.node)
+            log.info(
+                "ended rank %d (pid %d, launch %s) left on %s by a previous run",
+                record.rank,
+                record.pid,
+                record.launch_id,
+                record.node,
+            )
     return ended

@@ -39,8 +39,12 @@ def build_status(supervisor: Supervisor) -> ClusterStatus:
 
 def _node(connection: NodeConnection) -> NodeStatus:
     spec = connection.spec
-    status = NodeStatus(name=spec.name, transport=spec.transport,
-                        host=spec.ssh or "localhost", connected=connection.connected)
+    status = NodeStatus(
+        name=spec.name,
+        transport=spec.transport,
+        host=spec.ssh or "localhost",
+        connected=connection.connected,
+    )
     if connection.fingerprint is not None:
         _fill_from_fingerprint(status, connection.fingerprint)
     return status
@@ -58,7 +62,9 @@ def _fill_from_fingerprint(status: NodeStatus, fingerprint: NodeFingerprint) -> 
     rdma = fingerprint.rdma
     if rdma is not None:
         active = sum(1 for device in rdma.devices if device.active)
-        status.rdma = f"{rdma.status}, {active}/{len(rdma.devices)} active" if rdma.devices else rdma.status
+        status.rdma = (
+            f"{rdma.status}, {active}/{len(rdma.devices)} active" if rdma.devices else rdma.status
+        )
 
 
 def _rank(process: RankProcess) -> RankStatus:
@@ -68,10 +74,18 @@ def _rank(process: RankProcess) -> RankStatus:
         last_exit = ""
     else:
         state = "stopped" if exited.stopped else "exited"
-        last_exit = exited.signal or (describe_exit(exited.returncode) if exited.returncode is not None else "")
+        last_exit = exited.signal or (
+            describe_exit(exited.returncode) if exited.returncode is not None else ""
+        )
     uptime = time.time() - process.started_at if process.running else 0.0
-    return RankStatus(rank=process.rank, node=process.node, pid=process.pid, state=state,
-                      uptime_s=uptime, last_exit=last_exit)
+    return RankStatus(
+        rank=process.rank,
+        node=process.node,
+        pid=process.pid,
+        state=state,
+        uptime_s=uptime,
+        last_exit=last_exit,
+    )
 
 
 def _serving(supervisor: Supervisor) -> ServingStatus:
@@ -79,6 +93,9 @@ def _serving(supervisor: Supervisor) -> ServingStatus:
     if progress is None or progress.latest is None:
         return ServingStatus()
     sample = progress.latest
-    return ServingStatus(requests_running=int(sample.running), requests_waiting=int(sample.waiting),
-                         generation_tokens_total=int(sample.generation_tokens),
-                         tokens_per_second=progress.tokens_per_second)
+    return ServingStatus(
+        requests_running=int(sample.running),
+        requests_waiting=int(sample.waiting),
+        generation_tokens_total=int(sample.generation_tokens),
+        tokens_per_second=progress.tokens_per_second,
+    )

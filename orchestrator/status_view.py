@@ -17,7 +17,9 @@ STATE_STYLE = {"ready": "bold green", "failed": "bold red", "stopped": "dim"}
 def render_status(status: ClusterStatus) -> Group:
     style = STATE_STYLE.get(status.state, "bold yellow")
     head = Text.assemble(
-        (f"{status.cluster}", "bold"), "  ", (status.state.upper(), style),
+        (f"{status.cluster}", "bold"),
+        "  ",
+        (status.state.upper(), style),
         f"  {status.reason}" if status.reason else "",
         f"\n{status.backend} backend, {len(status.ranks)} ranks, model {status.model}, "
         f"API {status.api_url}, launch {status.launch_id or '-'}, restarts {status.restarts}"
@@ -32,10 +34,20 @@ def _nodes_table(status: ClusterStatus) -> Table:
         table.add_column(column)
     for node in status.nodes:
         used = node.memory_total_bytes - node.memory_available_bytes
-        memory = f"{used / GIB:.1f}/{node.memory_total_bytes / GIB:.1f} GiB" if node.memory_total_bytes else "-"
-        table.add_row(node.name, node.hostname or node.host, node.chip or "-", memory,
-                      node.mlx_version or "-", node.rdma or "-",
-                      "[green]up[/]" if node.connected else "[red]down[/]")
+        memory = (
+            f"{used / GIB:.1f}/{node.memory_total_bytes / GIB:.1f} GiB"
+            if node.memory_total_bytes
+            else "-"
+        )
+        table.add_row(
+            node.name,
+            node.hostname or node.host,
+            node.chip or "-",
+            memory,
+            node.mlx_version or "-",
+            node.rdma or "-",
+            "[green]up[/]" if node.connected else "[red]down[/]",
+        )
     return table
 
 
@@ -44,20 +56,32 @@ def _ranks_table(status: ClusterStatus) -> Table:
     for column in ("rank", "node", "pid", "state", "uptime", "last exit"):
         table.add_column(column)
     for rank in status.ranks:
-        table.add_row(str(rank.rank), rank.node, str(rank.pid or "-"), rank.state,
-                      _duration(rank.uptime_s) if rank.pid else "-", rank.last_exit or "-")
+        table.add_row(
+            str(rank.rank),
+            rank.node,
+            str(rank.pid or "-"),
+            rank.state,
+            _duration(rank.uptime_s) if rank.pid else "-",
+            rank.last_exit or "-",
+        )
     return table
 
 
 def _serving_line(status: ClusterStatus) -> Text:
     serving = status.serving
-    return Text(f"serving: {serving.requests_running} running, {serving.requests_waiting} waiting, "
-                f"{serving.generation_tokens_total} tokens generated, "
-                f"{serving.tokens_per_second:.1f} tokens/s")
+    return Text(
+        f"serving: {serving.requests_running} running, {serving.requests_waiting} waiting, "
+        f"{serving.generation_tokens_total} tokens generated, "
+        f"{serving.tokens_per_second:.1f} tokens/s"
+    )
 
 
 def _duration(seconds: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if seconds < 86400 else f"{seconds / 86400:.1f}d"
+    return (
+        time.strftime("%H:%M:%S", time.gmtime(seconds))
+        if seconds < 86400
+        else f"{seconds / 86400:.1f}d"
+    )
 
 
 def print_status(status: ClusterStatus) -> None:

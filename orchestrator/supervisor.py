@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -29,8 +29,8 @@ from orchestrator.launch_plan import build_plan, new_launch_id
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.nodes import NodePool
 from orchestrator.restart_policy import RestartPolicy
-from orchestrator.status_report import build_status
 from orchestrator.status_model import ClusterStatus
+from orchestrator.status_report import build_status
 from orchestrator.transports import AgentExit
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,16 @@ WATCH_S = 1.0
 
 
 class Supervisor:
-    def __init__(self, spec: ClusterSpec, pool: NodePool, metrics: OrchestratorMetrics,
-                 machine: StateMachine, http: httpx.AsyncClient,
-                 on_launch: Callable[[Gang], None] = lambda gang: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        pool: NodePool,
+        metrics: OrchestratorMetrics,
+        machine: StateMachine,
+        http: httpx.AsyncClient,
+        on_launch: Callable[[Gang], None] = lambda gang: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.spec, self.pool, self.metrics, self.machine = spec, pool, metrics, machine
         self.http, self._on_launch, self._clock = http, on_launch, clock
         self.policy = RestartPolicy(spec.supervisor, clock)
@@ -110,7 +116,9 @@ class Supervisor:
 
     def on_agent_lost(self, node: str, exit_info: AgentExit) -> None:
         self.metrics.node_up.labels(node=node).set(0)
-        if self.gang is not None and any(p.node == node and p.running for p in self.gang.ranks.values()):
+        if self.gang is not None and any(
+            p.node == node and p.running for p in self.gang.ranks.values()
+        ):
             self._fail(RankFailure(Cause.AGENT_LOST, node, None, exit_info.reason, self._clock()))
 
     def _on_exit(self, node: str, exited: Exited) -> None:
@@ -119,13 +127,18 @@ class Supervisor:
             return
         self.metrics.rank_up.labels(rank=str(exited.rank)).set(0)
         if not exited.stopped:
-            self._fail(classify_exit(exited, node, self._clock(), memory_pressure=self._low_memory(node)))
+            self._fail(
+                classify_exit(exited, node, self._clock(), memory_pressure=self._low_memory(node))
+            )
 
     def _low_memory(self, node: str) -> bool:
         fingerprint = self.pool.nodes[node].fingerprint
         memory = fingerprint.memory if fingerprint else None
-        return bool(memory and memory.available_bytes is not None
-                    and memory.available_bytes < 0.05 * memory.total_bytes)
+        return bool(
+            memory
+            and memory.available_bytes is not None
+            and memory.available_bytes < 0.05 * memory.total_bytes
+        )
 
     def _fail(self, failure: RankFailure) -> None:
         log.warning("failure: %s", failure.summary())
@@ -180,8 +193,13 @@ class Supervisor:
         timeout = self.spec.supervisor.launch_timeout_s
         if await wait_until_healthy(self.http, self.gang.plan.rank0_url, timeout):
             return None
-        return RankFailure(Cause.INIT_TIMEOUT, self.spec.nodes[0].name, 0,
-                           f"rank 0 not healthy within {timeout:g} s", self._clock())
+        return RankFailure(
+            Cause.INIT_TIMEOUT,
+            self.spec.nodes[0].name,
+            0,
+            f"rank 0 not healthy within {timeout:g} s",
+            self._clock(),
+        )
 
     async def _watch_progress(self) -> RankFailure | None:
         assert self.gang is not None
@@ -194,16 +212,16 @@ class Supervisor:
             if reason is not None:
                 return RankFailure(Cause.HANG, self.spec.nodes[0].name, 0, reason, self._clock())
 
-    async def _first_of(self, *waits: object) -> RankFailure | None:
+    async def _first_of(self, *waits: Awaitable[object]) -> RankFailure | None:
         """The first failure among the given waits; None on a stop request or a clean finish."""
-        tasks = [asyncio.ensure_future(w) for w in waits]  # type: ignore[arg-type]
+        tasks = [asyncio.ensure_future(w) for w in waits]
         tasks.append(asyncio.ensure_future(self._stop.wait()))
         try:
             done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()
-        results = [task.result() for task in done if isinstance(task.result(), RankFailure)]
+        results = [r for r in (task.result() for task in done) if isinstance(r, RankFailure)]
         if not results or self._stop.is_set():
             return None
         return await self._settle(results[0])
@@ -235,14 +253,23 @@ class Supervisor:
         self.restarts += 1
         self.metrics.restarts.labels(cause=failure.cause.value).inc()
         self.metrics.restart_backoff.set(delay)
-        log.info("relaunching in %.1f s (restart %d, cause %s)", delay, self.restarts, failure.cause)
+        log.info(
+            "relaunching in %.1f s (restart %d, cause %s)", delay, self.restarts, failure.cause
+        )
         return not await self._interruptible_sleep(delay)
 
     async def _wait_while_failed(self, failure: RankFailure) -> bool:
         window = self.spec.supervisor.restart_window_s
-        hint = " (EBUSY that persists usually needs a reboot of the nodes)" if failure.cause == Cause.EBUSY else ""
-        self.machine.to(GangState.FAILED, f"more than {self.spec.supervisor.max_restarts} restarts "
-                        f"within {window:g} s; last: {failure.summary()}{hint}")
+        hint = (
+            " (EBUSY that persists usually needs a reboot of the nodes)"
+            if failure.cause == Cause.EBUSY
+            else ""
+        )
+        self.machine.to(
+            GangState.FAILED,
+            f"more than {self.spec.supervisor.max_restarts} restarts "
+            f"within {window:g} s; last: {failure.summary()}{hint}",
+        )
         self._restart.clear()
         await self._first_of(self._restart.wait())
         return not self._stop.is_set()

@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 from tests.model_fixtures import bundled_model_dir, tiny_model_dir  # noqa: F401
+from tests.sshd_fixture import sshd  # noqa: F401
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

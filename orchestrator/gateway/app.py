@@ -59,17 +59,27 @@ def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise unauthorized("incorrect API key")
 
 
-@route("/v1/{path:path}", http_method=[HttpMethod.GET, HttpMethod.POST],
-       guards=[require_api_key], request_max_body_size=MAX_BODY_BYTES)
+@route(
+    "/v1/{path:path}",
+    http_method=[HttpMethod.GET, HttpMethod.POST],
+    guards=[require_api_key],
+    request_max_body_size=MAX_BODY_BYTES,
+)
 async def proxy_v1(request: Request, path: str, state: State) -> Response | Stream:
     proxy = _gateway(state).proxy
     assert proxy is not None, "the lifespan opens the proxy"
-    result = await proxy.forward(request.method, f"/v1{path}", request.url.query or "",
-                                 dict(request.headers), await request.body())
+    result = await proxy.forward(
+        request.method,
+        f"/v1{path}",
+        request.url.query or "",
+        dict(request.headers),
+        await request.body(),
+    )
     if result.rest is None:
         return Response(result.first_chunk, status_code=result.status, headers=result.headers)
-    return Stream(_chain(result.first_chunk, result.rest), status_code=result.status,
-                  headers=result.headers)
+    return Stream(
+        _chain(result.first_chunk, result.rest), status_code=result.status, headers=result.headers
+    )
 
 
 async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -111,8 +121,13 @@ async def _rank0_metrics(gateway: Gateway) -> bytes:
     return response.content if response.status_code == 200 else b""
 
 
-def create_app(view: ClusterView, metrics: OrchestratorMetrics, *, api_key: str | None,
-               request_timeout_s: float) -> Litestar:
+def create_app(
+    view: ClusterView,
+    metrics: OrchestratorMetrics,
+    *,
+    api_key: str | None,
+    request_timeout_s: float,
+) -> Litestar:
     gateway = Gateway(view, metrics, api_key, request_timeout_s)
 
     @asynccontextmanager

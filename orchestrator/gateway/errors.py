@@ -10,15 +10,29 @@ from litestar.exceptions import HTTPException
 class ApiError(Exception):
     """An error the client sees as `{"error": {"message", "type", "param", "code"}}`."""
 
-    def __init__(self, status: int, message: str, *, type: str, code: str | None = None,
-                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.code, self.param, self.headers = code, param, headers or {}
 
     def body(self) -> dict[str, dict[str, str | None]]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def unauthorized(message: str) -> ApiError:
@@ -26,8 +40,9 @@ def unauthorized(message: str) -> ApiError:
 
 
 def unavailable(message: str, retry_after_s: int, code: str = "cluster_unavailable") -> ApiError:
-    return ApiError(503, message, type="server_error", code=code,
-                    headers={"Retry-After": str(retry_after_s)})
+    return ApiError(
+        503, message, type="server_error", code=code, headers={"Retry-After": str(retry_after_s)}
+    )
 
 
 def sse_error_event(error: ApiError) -> bytes:

@@ -18,8 +18,15 @@ from orchestrator.gateway.errors import ApiError, sse_error_event, unavailable
 from orchestrator.metrics import OrchestratorMetrics
 
 # Headers describing the body or the hop, which httpx recomputes.
-_HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "authorization",
-                "keep-alive", "accept-encoding"}
+_HOP_HEADERS = {
+    "host",
+    "content-length",
+    "connection",
+    "transfer-encoding",
+    "authorization",
+    "keep-alive",
+    "accept-encoding",
+}
 
 
 class StreamFlag(msgspec.Struct):
@@ -45,13 +52,19 @@ def wants_stream(body: bytes) -> bool:
 
 
 class Proxy:
-    def __init__(self, view: ClusterView, client: httpx.AsyncClient, metrics: OrchestratorMetrics,
-                 request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        client: httpx.AsyncClient,
+        metrics: OrchestratorMetrics,
+        request_timeout_s: float,
+    ) -> None:
         self.view, self.client, self.metrics = view, client, metrics
         self.request_timeout_s = request_timeout_s
 
-    async def forward(self, method: str, path: str, query: str, headers: dict[str, str],
-                      body: bytes) -> ProxyResult:
+    async def forward(
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
+    ) -> ProxyResult:
         deadline = time.monotonic() + self.request_timeout_s
         failed_launch = ""
         while True:
@@ -60,14 +73,23 @@ class Proxy:
                 self.metrics.requests_failed.labels(reason="unavailable").inc()
                 raise self._unavailable_error()
             try:
-                return await self._send(upstream, method, path, query, headers, body,
-                                        wants_stream(body))
+                return await self._send(
+                    upstream, method, path, query, headers, body, wants_stream(body)
+                )
             except UpstreamLost:
                 failed_launch = upstream.launch_id
                 self.metrics.requests_retried.inc()
 
-    async def _send(self, upstream: Upstream, method: str, path: str, query: str,
-                    headers: dict[str, str], body: bytes, stream: bool) -> ProxyResult:
+    async def _send(
+        self,
+        upstream: Upstream,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        stream: bool,
+    ) -> ProxyResult:
         url = f"{upstream.url}{path}" + (f"?{query}" if query else "")
         forwarded = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
         request = self.client.build_request(method, url, content=body, headers=forwarded)
@@ -86,24 +108,34 @@ class Proxy:
         except httpx.TransportError as exc:
             await response.aclose()
             raise UpstreamLost(str(exc)) from exc
-        result_headers = {k: v for k, v in response.headers.items() if k.lower() in
-                          {"content-type", "retry-after", "cache-control"}}
+        result_headers = {
+            k: v
+            for k, v in response.headers.items()
+            if k.lower() in {"content-type", "retry-after", "cache-control"}
+        }
         if not stream:
             await response.aclose()
             return ProxyResult(response.status_code, result_headers, first, None)
-        return ProxyResult(response.status_code, result_headers, first,
-                           self._rest(response, chunks))
+        return ProxyResult(
+            response.status_code, result_headers, first, self._rest(response, chunks)
+        )
 
-    async def _rest(self, response: httpx.Response, chunks: AsyncIterator[bytes]
-                    ) -> AsyncIterator[bytes]:
+    async def _rest(
+        self, response: httpx.Response, chunks: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
         try:
             async for chunk in chunks:
                 yield chunk
         except httpx.TransportError:
             self.metrics.requests_failed.labels(reason="stream_cut").inc()
-            yield sse_error_event(ApiError(
-                503, "the cluster lost a rank while generating this response; retry the request",
-                type="server_error", code="stream_interrupted"))
+            yield sse_error_event(
+                ApiError(
+                    503,
+                    "the cluster lost a rank while generating this response; retry the request",
+                    type="server_error",
+                    code="stream_interrupted",
+                )
+            )
         finally:
             await response.aclose()
 

@@ -81,52 +81,127 @@ BROKEN = [
     ("unknown top-level key", LOCAL_NODE + "[sevring]\n", "sevring", "unknown key"),
     ("unknown node key", LOCAL_NODE + "adress = '1.2.3.4'\n", "nodes[0].adress", "unknown key"),
     ("bad backend", LOCAL_NODE + "[cluster]\nbackend = 'mpi'\n", "cluster.backend", "'mpi'"),
-    ("bad transport", '[[nodes]]\nname = "a"\ntransport = "telnet"\n', "nodes[0].transport", "telnet"),
+    (
+        "bad transport",
+        '[[nodes]]\nname = "a"\ntransport = "telnet"\n',
+        "nodes[0].transport",
+        "telnet",
+    ),
     ("port out of range", LOCAL_NODE + "[api]\nport = 70000\n", "api.port", "<= 65535"),
     ("port wrong type", LOCAL_NODE + "[api]\nport = '8000'\n", "api.port", "Expected `int`"),
-    ("zero batch", LOCAL_NODE + "[serving]\nmax_batch_size = 0\n", "serving.max_batch_size", ">= 1"),
-    ("negative backoff", LOCAL_NODE + "[supervisor]\nbackoff_initial_s = -1\n",
-     "supervisor.backoff_initial_s", ">= 0"),
+    (
+        "zero batch",
+        LOCAL_NODE + "[serving]\nmax_batch_size = 0\n",
+        "serving.max_batch_size",
+        ">= 1",
+    ),
+    (
+        "negative backoff",
+        LOCAL_NODE + "[supervisor]\nbackoff_initial_s = -1\n",
+        "supervisor.backoff_initial_s",
+        ">= 0",
+    ),
     ("node name missing", "[[nodes]]\nip = '127.0.0.1'\n", "nodes[0].name", "missing required key"),
     ("bad node name", '[[nodes]]\nname = "a b"\n', "nodes[0].name", "a b"),
-    ("duplicate names", '[[nodes]]\nname = "a"\nip = "127.0.0.1"\n[[nodes]]\nname = "a"\nip = "127.0.0.2"\n',
-     "nodes[1].name", "already the name of nodes[0]"),
-    ("ring needs ip", '[[nodes]]\nname = "a"\n[[nodes]]\nname = "b"\nip = "127.0.0.1"\n',
-     "nodes[0].ip", "missing"),
-    ("ip not an address", '[[nodes]]\nname = "a"\nip = "mac-a.local"\n', "nodes[0].ip",
-     "not an IP address"),
-    ("ssh without target", '[[nodes]]\nname = "a"\ntransport = "ssh"\n', "nodes[0].ssh",
-     "no ssh target"),
-    ("ssh target is an option", '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "-oProxyCommand=x"\n',
-     "nodes[0].ssh", "starts with '-'"),
-    ("bad api key env", LOCAL_NODE + "[api]\napi_key_env = 'sk-123'\n", "api.api_key_env",
-     "not a valid environment variable name"),
+    (
+        "duplicate names",
+        '[[nodes]]\nname = "a"\nip = "127.0.0.1"\n[[nodes]]\nname = "a"\nip = "127.0.0.2"\n',
+        "nodes[1].name",
+        "already the name of nodes[0]",
+    ),
+    (
+        "ring needs ip",
+        '[[nodes]]\nname = "a"\n[[nodes]]\nname = "b"\nip = "127.0.0.1"\n',
+        "nodes[0].ip",
+        "missing",
+    ),
+    (
+        "ip not an address",
+        '[[nodes]]\nname = "a"\nip = "mac-a.local"\n',
+        "nodes[0].ip",
+        "not an IP address",
+    ),
+    (
+        "ssh without target",
+        '[[nodes]]\nname = "a"\ntransport = "ssh"\n',
+        "nodes[0].ssh",
+        "no ssh target",
+    ),
+    (
+        "ssh target is an option",
+        '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "-oProxyCommand=x"\n',
+        "nodes[0].ssh",
+        "starts with '-'",
+    ),
+    (
+        "bad api key env",
+        LOCAL_NODE + "[api]\napi_key_env = 'sk-123'\n",
+        "api.api_key_env",
+        "not a valid environment variable name",
+    ),
     ("bad env name", LOCAL_NODE + "[nodes.env]\n'1X' = 'y'\n", "nodes[0].env.1X", "not a valid"),
-    ("reserved env", LOCAL_NODE + "[nodes.env]\nMLX_RANK = '3'\n", "nodes[0].env.MLX_RANK",
-     "set by the orchestrator"),
-    ("unknown bundled model", LOCAL_NODE + "[model]\npath = 'bundled:llama-9000'\n", "model.path",
-     "unknown bundled model"),
-    ("default above limit", LOCAL_NODE + "[serving]\nmax_tokens_default = 9000\n",
-     "serving.max_tokens_default", "above max_tokens_limit"),
-    ("port clash", TWO_RING_NODES + "[serving]\nrank_api_port = 52101\n", "cluster.rank_port",
-     "127.0.0.1:52101 is used by rank 1 (b) and serving.rank_api_port"),
-    ("rank ports overflow", LOCAL_NODE + "[cluster]\nrank_port = 65535\n[api]\nport=65535\n",
-     "cluster.rank_port", "used by"),
-    ("jaccl without rdma", JACCL_PAIR.replace('rdma = ["", "rdma_en3"]', ""), "nodes[0].rdma",
-     "missing"),
-    ("jaccl rdma wrong length", JACCL_PAIR.replace('["", "rdma_en3"]', '[""]'), "nodes[0].rdma",
-     "has 1 entries for 2 nodes"),
-    ("jaccl rdma self link", JACCL_PAIR.replace('["", "rdma_en3"]', '["rdma_en2", "rdma_en3"]'),
-     "nodes[0].rdma[0]", "at the node's own index"),
-    ("jaccl rdma missing peer", JACCL_PAIR.replace('["rdma_en3", ""]', '["", ""]'),
-     "nodes[1].rdma[0]", "no device towards a"),
+    (
+        "reserved env",
+        LOCAL_NODE + "[nodes.env]\nMLX_RANK = '3'\n",
+        "nodes[0].env.MLX_RANK",
+        "set by the orchestrator",
+    ),
+    (
+        "unknown bundled model",
+        LOCAL_NODE + "[model]\npath = 'bundled:llama-9000'\n",
+        "model.path",
+        "unknown bundled model",
+    ),
+    (
+        "default above limit",
+        LOCAL_NODE + "[serving]\nmax_tokens_default = 9000\n",
+        "serving.max_tokens_default",
+        "above max_tokens_limit",
+    ),
+    (
+        "port clash",
+        TWO_RING_NODES + "[serving]\nrank_api_port = 52101\n",
+        "cluster.rank_port",
+        "127.0.0.1:52101 is used by rank 1 (b) and serving.rank_api_port",
+    ),
+    (
+        "rank ports overflow",
+        LOCAL_NODE + "[cluster]\nrank_port = 65535\n[api]\nport=65535\n",
+        "cluster.rank_port",
+        "used by",
+    ),
+    (
+        "jaccl without rdma",
+        JACCL_PAIR.replace('rdma = ["", "rdma_en3"]', ""),
+        "nodes[0].rdma",
+        "missing",
+    ),
+    (
+        "jaccl rdma wrong length",
+        JACCL_PAIR.replace('["", "rdma_en3"]', '[""]'),
+        "nodes[0].rdma",
+        "has 1 entries for 2 nodes",
+    ),
+    (
+        "jaccl rdma self link",
+        JACCL_PAIR.replace('["", "rdma_en3"]', '["rdma_en2", "rdma_en3"]'),
+        "nodes[0].rdma[0]",
+        "at the node's own index",
+    ),
+    (
+        "jaccl rdma missing peer",
+        JACCL_PAIR.replace('["rdma_en3", ""]', '["", ""]'),
+        "nodes[1].rdma[0]",
+        "no device towards a",
+    ),
     ("section not a table", "api = 3\n" + LOCAL_NODE, "api", "expected a table"),
     ("nodes not tables", "nodes = 3\n", "nodes", "expected a list of tables"),
 ]
 
 
-@pytest.mark.parametrize(("text", "path", "fragment"), [case[1:] for case in BROKEN],
-                         ids=[case[0] for case in BROKEN])
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"), [case[1:] for case in BROKEN], ids=[case[0] for case in BROKEN]
+)
 def test_broken_config_names_field(tmp_path: Path, text: str, path: str, fragment: str) -> None:
     """Each broken config reports the field path with a message and a fix."""
     issues = errors_of(tmp_path, text)
@@ -163,7 +238,9 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_warnings_do_not_fail(tmp_path: Path) -> None:
     """Router subnets on a jaccl link and MLX_METAL_FAST_SYNCH warn but load."""
-    text = JACCL_PAIR.replace("10.0.0.1", "192.168.1.10") + '[nodes.env]\nMLX_METAL_FAST_SYNCH = "1"\n'
+    text = (
+        JACCL_PAIR.replace("10.0.0.1", "192.168.1.10") + '[nodes.env]\nMLX_METAL_FAST_SYNCH = "1"\n'
+    )
     _spec, warnings = check_cluster_file(write(tmp_path, text))
     assert {warning.path for warning in warnings} == {
         "nodes[0].ip",
@@ -173,7 +250,7 @@ def test_warnings_do_not_fail(tmp_path: Path) -> None:
 
 
 def test_rdma_own_index_becomes_null(tmp_path: Path) -> None:
-    """"" in an rdma list stands for TOML's missing null at the node's own index."""
+    """ "" in an rdma list stands for TOML's missing null at the node's own index."""
     spec = load_cluster(write(tmp_path, JACCL_PAIR))
     assert spec.nodes[0].rdma == [None, "rdma_en3"]
     assert spec.nodes[1].rdma == ["rdma_en3", None]

@@ -23,8 +23,13 @@ def exited(returncode: int | None = None, signal: str | None = None, *tail: str)
         (exited(RankExit.DESYNC), Cause.DESYNC, "desync"),
         (exited(RankExit.INTERNAL_ERROR, None, "BATCH DESYNC step 5: a != b"), Cause.DESYNC, ""),
         (exited(RankExit.DISTRIBUTED_INIT_FAILED, None, EBUSY_LINE), Cause.EBUSY, ""),
-        (exited(1, None, "libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded"),
-         Cause.OOM, ""),
+        (
+            exited(
+                1, None, "libc++abi: terminating: [metal::malloc] Resource limit (499000) exceeded"
+            ),
+            Cause.OOM,
+            "",
+        ),
     ],
 )
 def test_classify_exit(event: Exited, cause: Cause, detail: str) -> None:

@@ -54,7 +54,9 @@ async def test_healthy_local_cluster_passes(bundled_fingerprint: NodeFingerprint
         assert run_preflight(spec, prints_for(spec, bundled_fingerprint)) == []
 
 
-async def test_heads_not_divisible_names_working_rank_counts(bundled_fingerprint: NodeFingerprint) -> None:
+async def test_heads_not_divisible_names_working_rank_counts(
+    bundled_fingerprint: NodeFingerprint,
+) -> None:
     """SmolLM2 (9 heads, 3 KV heads) on 2 ranks fails, suggesting 1 or 3."""
     spec = cluster("bundled:smollm2-135m-instruct", 2)
     (failure,) = run_preflight(spec, prints_for(spec, bundled_fingerprint))
@@ -86,10 +88,14 @@ async def test_version_mismatch_is_a_per_field_diff(bundled_fingerprint: NodeFin
     """A node with another mlx-lm is named with both versions."""
     spec = cluster("bundled:smollm2-135m-instruct", 3)
     packages = dict(bundled_fingerprint.packages, **{"mlx-lm": "0.0.1"})
-    prints = prints_for(spec, bundled_fingerprint) | {"n1": replace(bundled_fingerprint, packages=packages)}
+    prints = prints_for(spec, bundled_fingerprint) | {
+        "n1": replace(bundled_fingerprint, packages=packages)
+    }
     (failure,) = run_preflight(spec, prints)
     assert failure.check == "versions" and failure.node == "n1"
-    assert f"mlx-lm 0.0.1 differs from {bundled_fingerprint.packages['mlx-lm']} on n0" == failure.found
+    assert (
+        f"mlx-lm 0.0.1 differs from {bundled_fingerprint.packages['mlx-lm']} on n0" == failure.found
+    )
 
 
 async def test_mlx_not_installed(bundled_fingerprint: NodeFingerprint) -> None:
@@ -120,8 +126,11 @@ async def test_ip_not_owned(bundled_fingerprint: NodeFingerprint) -> None:
 
 async def test_jaccl_refused_on_linux(bundled_fingerprint: NodeFingerprint) -> None:
     """jaccl on a Linux node is refused with the reason."""
-    data = {"cluster": {"backend": "jaccl"}, "model": {"path": "bundled:smollm2-135m-instruct"},
-            "nodes": [{"name": "n0", "ip": "127.0.0.1", "rdma": [""]}]}
+    data = {
+        "cluster": {"backend": "jaccl"},
+        "model": {"path": "bundled:smollm2-135m-instruct"},
+        "nodes": [{"name": "n0", "ip": "127.0.0.1", "rdma": [""]}],
+    }
     spec, _ = check_cluster_data(data, Path("t.toml"))
     failures = run_preflight(spec, prints_for(spec, bundled_fingerprint))
     assert checks(failures) == ["jaccl"] and "macOS only" in failures[0].found

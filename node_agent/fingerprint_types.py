@@ -1,0 +1,127 @@
+"""Wire types of a node fingerprint (what the orchestrator's preflight checks).
+
+Every probe that can fail is optional: a missing tool leaves its field None and
+records why under `NodeFingerprint.unavailable[<probe>]`, never a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from msgspec import Struct
+
+
+class OsInfo(Struct, kw_only=True):
+    system: str  # platform.system(): "Darwin", "Linux"
+    name: str  # "macOS", "Debian GNU/Linux"
+    version: str  # "15.7.2", "12"
+    build: str | None = None  # macOS BuildVersion ("24G325")
+    kernel: str  # uname release
+
+
+class MemoryInfo(Struct, kw_only=True):
+    total_bytes: int
+    available_bytes: int | None = None
+
+
+class PythonInfo(Struct, kw_only=True):
+    version: str
+    executable: str
+    implementation: str
+
+
+class NetInterface(Struct, kw_only=True):
+    name: str
+    addresses: list[str] = msgspec.field(default_factory=list)  # IPv4 and IPv6, no scope suffix
+    is_up: bool | None = None
+
+
+class RdmaPort(Struct, kw_only=True):
+    port: int
+    state: str  # "PORT_ACTIVE", "PORT_DOWN", ...
+    active: bool
+    link_layer: str | None = None
+    active_mtu: str | None = None
+    active_width: str | None = None  # only in `ibv_devinfo -v`
+    active_speed: str | None = None  # only in `ibv_devinfo -v`
+
+
+class RdmaDevice(Struct, kw_only=True):
+    name: str  # "rdma_en2"
+    transport: str | None = None  # "Thunderbolt (100)"
+    node_guid: str | None = None
+    ports: list[RdmaPort] = msgspec.field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return any(p.active for p in self.ports)
+
+
+class RdmaInfo(Struct, kw_only=True):
+    # From `rdma_ctl status`: macOS's switch for RDMA over Thunderbolt.
+    status: Literal["enabled", "disabled", "unavailable"]
+    reason: str | None = None  # why "unavailable"
+    device_names: list[str] = msgspec.field(default_factory=list)  # `ibv_devices`
+    devices: list[RdmaDevice] = msgspec.field(default_factory=list)  # `ibv_devinfo -v`
+
+
+class ModelConfigInfo(Struct, kw_only=True):
+    """The numbers preflight needs: heads must divide by the world size."""
+
+    model_type: str | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    max_position_embeddings: int | None = None
+    quantization_bits: int | None = None
+
+
+class ModelInfo(Struct, kw_only=True):
+    spec: str  # as configured: "bundled:name" or a path
+    path: str | None = None  # resolved on this node (expanded)
+    exists: bool = False
+    kind: Literal["mlx_dir", "gguf", "missing", "unresolved"] = "missing"
+    file_count: int = 0
+    total_bytes: int = 0
+    weight_bytes: int = 0  # *.safetensors (or the GGUF file)
+    # sha256 over config.json, tokenizer files and every safetensors header
+    # (GGUF: its metadata section) plus weight file sizes; equal digests on two
+    # nodes mean the same model without hashing gigabytes of weights.
+    digest: str | None = None
+    config: ModelConfigInfo | None = None
+    error: str | None = None
+
+
+class DiskInfo(Struct, kw_only=True):
+    path: str
+    total_bytes: int
+    free_bytes: int
+
+
+class NodeFingerprint(Struct, kw_only=True):
+    hostname: str
+    os: OsInfo
+    arch: str
+    chip: str | None = None
+    cpu_count: int | None = None
+    memory: MemoryInfo | None = None
+    gpu_wired_limit_mb: int | None = None  # macOS `iogpu.wired_limit_mb`; 0 = system default
+    python: PythonInfo
+    # Distribution versions (None = not installed): mlx, mlx-lm, mlx-metal,
+    # mlx-cluster-orchestrator.
+    packages: dict[str, str | None] = msgspec.field(default_factory=dict)
+    # Digest of the node_agent + serving code this agent runs (see code_digest.py).
+    code_digest: str | None = None
+    interfaces: list[NetInterface] = msgspec.field(default_factory=list)
+    rdma: RdmaInfo | None = None
+    model: ModelInfo | None = None
+    disk: DiskInfo | None = None
+    # probe name -> reason it could not run ("rdma": "rdma_ctl not found on PATH").
+    unavailable: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def addresses(self) -> set[str]:
+        """Every address of every interface, to check a node owns its configured ip."""
+        return {a for i in self.interfaces for a in i.addresses}

@@ -1,0 +1,1 @@
+"""Fingerprint probes: running node tools and parsing their output (pure parsers)."""

@@ -1,0 +1,40 @@
+"""Transports: how the orchestrator reaches each node's agent.
+
+Public API:
+    transport_for(node, **options) -> Transport   LocalTransport | SshTransport
+    Transport: connect(), deploy() -> DeployResult, start_agent(...) -> AgentHandle, close()
+    AgentHandle: fingerprint(), spawn(), stop(), ping(), list_ranks(), events(),
+                 request(), finished, closed, close()
+    TransportError(kind: ErrorKind), AgentRequestError
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.config import NodeSpec
+from orchestrator.transports.base import DeployResult, Transport
+from orchestrator.transports.errors import AgentRequestError, ErrorKind, TransportError
+from orchestrator.transports.handle import AgentExit, AgentHandle
+from orchestrator.transports.local import LocalTransport
+from orchestrator.transports.ssh import SshTransport
+
+__all__ = [
+    "AgentExit",
+    "AgentHandle",
+    "AgentRequestError",
+    "DeployResult",
+    "ErrorKind",
+    "LocalTransport",
+    "SshTransport",
+    "Transport",
+    "TransportError",
+    "transport_for",
+]
+
+
+def transport_for(node: NodeSpec, **options: Any) -> Transport:
+    """The transport a node's config asks for; options go to its constructor."""
+    if node.transport == "ssh":
+        return SshTransport(node, **options)
+    return LocalTransport(node, **options)

@@ -1,0 +1,116 @@
+"""The Transport interface: reach a node, put our code there, run its agent.
+
+    async with transport_for(node) as t:        # connect (SSH: TCP + auth + host key)
+        deployed = await t.deploy()             # code at <cache>/code/<digest>/, copied once
+        async with await t.start_agent() as agent:   # AgentHandle
+            fp = await agent.fingerprint(model)
+
+Subclasses: LocalTransport (a subprocess on this machine) and SshTransport
+(asyncssh). Like dask's SSHCluster, the SSH detail lives in its subclass only.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+from node_agent.protocol import Event
+from orchestrator.config import NodeSpec
+from orchestrator.transports.errors import ErrorKind, TransportError
+from orchestrator.transports.handle import DEFAULT_LEASE_S, AgentHandle
+
+log = logging.getLogger("orchestrator.transports")
+
+DEFAULT_CODE_CACHE = "~/.cache/mlx-cluster-orchestrator/code"
+DEFAULT_AGENT_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    code_dir: str  # on the node
+    digest: str
+    copied_files: int  # 0 when that digest was already there
+
+
+class Transport(ABC):
+    def __init__(self, node: NodeSpec) -> None:
+        self.node = node
+        self._handles: list[AgentHandle] = []
+        self._deployed: DeployResult | None = None
+
+    async def connect(self) -> None:  # noqa: B027 - optional hook, a no-op for local
+        """Open what the transport needs (nothing for local)."""
+
+    @abstractmethod
+    async def deploy(self) -> DeployResult:
+        """Make node_agent + serving available on the node; idempotent, content-addressed."""
+
+    async def start_agent(
+        self,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        lease_s: float | None = DEFAULT_LEASE_S,
+        grace_s: float = DEFAULT_AGENT_GRACE_S,
+        start_timeout: float = 30.0,
+    ) -> AgentHandle:
+        """Deploy if needed, start `python -m node_agent` on the node, handshake.
+
+        grace_s: how long the agent waits between SIGTERM and SIGKILL for its
+        ranks when it shuts down on its own (channel lost, lease expired)."""
+        deployed = self._deployed or await self.deploy()
+        handle = await self._launch(deployed.code_dir, on_event, lease_s, grace_s)
+        self._handles.append(handle)
+        try:
+            await handle.start(start_timeout)
+        except BaseException:
+            self._handles.remove(handle)
+            await handle.close(timeout=5.0)
+            raise
+        return handle
+
+    @abstractmethod
+    async def _launch(
+        self,
+        code_dir: str,
+        on_event: Callable[[Event], None] | None,
+        lease_s: float | None,
+        grace_s: float,
+    ) -> AgentHandle:
+        """Start the agent process; the handle is not started yet."""
+
+    async def close(self) -> None:
+        """Close every agent this transport started (their ranks stop), then the connection."""
+        for handle in self._handles:
+            try:
+                await handle.close()
+            except Exception:
+                log.exception("[%s] closing the agent failed", self.node.name)
+        self._handles.clear()
+
+    async def __aenter__(self) -> Transport:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _config_error(self, message: str) -> TransportError:
+        return TransportError(self.node.name, ErrorKind.CONFIG, message)
+
+
+def check_python(node: NodeSpec) -> str:
+    """The node's python value, refused when it could be read as an option by exec."""
+    python = node.python_executable
+    if not python or python.startswith("-"):
+        raise TransportError(
+            node.name, ErrorKind.CONFIG, f"python = {python!r} is not a command or path"
+        )
+    return python

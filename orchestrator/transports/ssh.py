@@ -1,0 +1,130 @@
+"""The `ssh` transport: asyncssh connection, SFTP deploy, the agent on an exec channel.
+
+A dead link is noticed by SSH keepalives (keepalive_interval x
+keepalive_count_max seconds) on this side and by the agent's stdin EOF or
+lease on the node, which then stops its ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import asyncssh
+
+from node_agent.protocol import Event
+from orchestrator.config import NodeSpec
+from orchestrator.transports.base import DEFAULT_CODE_CACHE, DeployResult, Transport, check_python
+from orchestrator.transports.deploy import CodeBundle, deploy_sftp
+from orchestrator.transports.errors import ErrorKind, TransportError
+from orchestrator.transports.handle import AgentHandle, StderrCollector
+from orchestrator.transports.remote_command import agent_command
+from orchestrator.transports.ssh_connect import open_connection
+
+
+class SshChannel:
+    """AgentChannel over an asyncssh exec channel (bytes, no pty)."""
+
+    def __init__(self, node: str, process: asyncssh.SSHClientProcess[bytes]) -> None:
+        self._process = process
+        self._stderr = StderrCollector(node)
+        self._stderr_task = asyncio.create_task(self._stderr.collect(process.stderr.readline))
+
+    async def readline(self) -> bytes:
+        return await self._process.stdout.readline()
+
+    async def send(self, data: bytes) -> None:
+        self._process.stdin.write(data)
+        await self._process.stdin.drain()
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError, asyncssh.Error, BrokenPipeError):
+            self._process.stdin.write_eof()
+
+    async def wait_exit(self) -> int | None:
+        completed = await self._process.wait(check=False)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._stderr_task), 2.0)
+        return completed.exit_status
+
+    def kill(self) -> None:
+        # Closing the channel closes the agent's stdin on the node: it stops its ranks.
+        self._process.close()
+
+    def stderr_tail(self) -> list[str]:
+        return list(self._stderr.lines)
+
+
+class SshTransport(Transport):
+    def __init__(
+        self,
+        node: NodeSpec,
+        *,
+        connect_timeout: float = 10.0,
+        keepalive_interval: float = 5.0,
+        keepalive_count_max: int = 3,
+        code_cache: str = DEFAULT_CODE_CACHE,
+        bundle: CodeBundle | None = None,
+    ) -> None:
+        super().__init__(node)
+        self._connect_timeout = connect_timeout
+        self._keepalive = (keepalive_interval, keepalive_count_max)
+        self._cache = code_cache
+        self._bundle = bundle
+        self._conn: asyncssh.SSHClientConnection | None = None
+
+    @property
+    def connection(self) -> asyncssh.SSHClientConnection:
+        if self._conn is None:
+            raise RuntimeError("not connected: call connect() first")
+        return self._conn
+
+    async def connect(self) -> None:
+        if self._conn is None:
+            self._conn = await open_connection(
+                self.node,
+                connect_timeout=self._connect_timeout,
+                keepalive_interval=self._keepalive[0],
+                keepalive_count_max=self._keepalive[1],
+            )
+
+    async def deploy(self) -> DeployResult:
+        await self.connect()
+        bundle = self._bundle or CodeBundle.from_local()
+        try:
+            code_dir, copied = await deploy_sftp(self.connection, bundle, self._cache)
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(
+                self.node.name,
+                ErrorKind.DEPLOY,
+                f"copying the code to {self._cache} by SFTP failed: {exc}",
+            ) from exc
+        self._deployed = DeployResult(code_dir, bundle.digest, copied)
+        return self._deployed
+
+    async def _launch(
+        self,
+        code_dir: str,
+        on_event: Callable[[Event], None] | None,
+        lease_s: float | None,
+        grace_s: float,
+    ) -> AgentHandle:
+        command = agent_command(code_dir, check_python(self.node), grace_s)
+        try:
+            process = await self.connection.create_process(command, encoding=None)
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(
+                self.node.name, ErrorKind.AGENT_START, f"cannot open an exec channel: {exc}"
+            ) from exc
+        return AgentHandle(
+            self.node.name, SshChannel(self.node.name, process), on_event=on_event, lease_s=lease_s
+        )
+
+    async def close(self) -> None:
+        await super().close()
+        if self._conn is not None:
+            self._conn.close()
+            with contextlib.suppress(Exception):
+                await self._conn.wait_closed()
+            self._conn = None

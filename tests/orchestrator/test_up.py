@@ -1,0 +1,208 @@
+"""`orchestrator up` end to end: real agents, real ranks, real model, real HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.orchestrator.orchestrator_process import (
+    Orchestrator,
+    run_cli,
+    running,
+    wait_gone,
+    write_cluster,
+)
+
+API_KEY = "test-key-123"
+KEY_ENV = {"TEST_ORCHESTRATOR_KEY": API_KEY}
+LOCAL3 = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(3)]
+
+
+class Cluster:
+    def __init__(self, orchestrator: Orchestrator, config: Path, url: str) -> None:
+        self.orchestrator, self.config, self.url = orchestrator, config, url
+
+    def client(self, key: str = API_KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def smollm_cluster(
+    tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path
+) -> Iterator[Cluster]:
+    """Three local ranks serving the bundled SmolLM2 over ring, with an API key."""
+    tmp = tmp_path_factory.mktemp("up3")
+    config = write_cluster(
+        tmp, "bundled:smollm2-135m-instruct", LOCAL3, api={"api_key_env": "TEST_ORCHESTRATOR_KEY"}
+    )
+    url = _api_url(config)
+    with running(config, KEY_ENV, url) as orchestrator:
+        yield Cluster(orchestrator, config, url)
+
+
+def _api_url(config: Path) -> str:
+    import tomllib
+
+    api = tomllib.loads(config.read_text())["api"]
+    return f"http://{api['host']}:{api['port']}"
+
+
+def test_chat_through_gateway(smollm_cluster: Cluster) -> None:
+    """The official openai client chats through the gateway, whole and streamed."""
+    client = smollm_cluster.client()
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=question,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=20,
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    stream = client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=question,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=20,
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == reply.choices[0].message.content
+
+
+def test_status_shows_three_ready_ranks(smollm_cluster: Cluster) -> None:
+    """`status --json` and the table show the cluster ready with 3 running ranks."""
+    result = run_cli("status", str(smollm_cluster.config), "--json", env=KEY_ENV)
+    assert result.returncode == 0, result.stdout + result.stderr
+    status = json.loads(result.stdout)
+    assert status["state"] == "ready"
+    assert [rank["state"] for rank in status["ranks"]] == ["running"] * 3
+    assert all(node["connected"] and node["mlx_version"] for node in status["nodes"])
+    table = run_cli("status", str(smollm_cluster.config), env=KEY_ENV)
+    assert table.returncode == 0 and "READY" in table.stdout and "r2" in table.stdout
+
+
+def test_metrics_has_both_families(smollm_cluster: Cluster) -> None:
+    """/metrics parses and carries orchestrator_* and rank 0's serving_* families."""
+    text = httpx.get(f"{smollm_cluster.url}/metrics", timeout=10).text
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert {"orchestrator_state", "orchestrator_rank_up", "orchestrator_restarts"} <= names
+    assert {"serving_requests_running", "serving_batch_size", "serving_steps"} <= names
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+    ],
+)
+def test_api_key_required_on_v1(smollm_cluster: Cluster, method: str, path: str) -> None:
+    """Every /v1 route answers 401 in OpenAI's shape without or with a wrong key."""
+    body = {
+        "model": "smollm2-135m-instruct",
+        "prompt": "Hi",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        response = httpx.request(method, f"{smollm_cluster.url}{path}", json=body, headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    good = httpx.request(
+        method,
+        f"{smollm_cluster.url}{path}",
+        json=body,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=300,
+    )
+    assert good.status_code == 200, good.text
+
+
+def test_health_needs_no_key(smollm_cluster: Cluster) -> None:
+    """/health stays open when an API key is set."""
+    response = httpx.get(f"{smollm_cluster.url}/health")
+    assert response.status_code == 200 and response.json()["status"] == "ready"
+
+
+def test_second_up_is_refused(smollm_cluster: Cluster) -> None:
+    """A second `up` of the same cluster refuses to start and names the running one."""
+    result = run_cli("up", str(smollm_cluster.config), env=KEY_ENV)
+    assert result.returncode == 2
+    assert "already run by orchestrator pid" in result.stderr + result.stdout
+
+
+def test_down_leaves_nothing(smollm_cluster: Cluster) -> None:
+    """`down` stops the orchestrator gracefully; no process of the cluster is left (runs last)."""
+    pids = smollm_cluster.orchestrator.remember_descendants() | {
+        smollm_cluster.orchestrator.process.pid
+    }
+    assert len(pids) >= 7  # orchestrator, 3 agents, 3 ranks
+    result = run_cli("down", str(smollm_cluster.config))
+    assert result.returncode == 0, result.stderr
+    assert smollm_cluster.orchestrator.wait_exit() == 0
+    assert wait_gone(pids) == set()
+    status = run_cli("status", str(smollm_cluster.config), "--json")
+    assert status.returncode == 2 and json.loads(status.stdout)["state"] == "not_running"
+
+
+def test_preflight_failure_launches_nothing(tmp_path: Path, bundled_model_dir: Path) -> None:
+    """SmolLM2 on 2 ranks fails preflight: exit 2, the heads message, no rank started."""
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", LOCAL3[:2])
+    orchestrator = Orchestrator(config)
+    try:
+        assert orchestrator.wait_exit(180) == 2
+    finally:
+        orchestrator.stop()
+    assert "[heads]" in orchestrator.text and "use a rank count of 1, 3" in orchestrator.text
+    assert "rank 0 started" not in orchestrator.text
+
+
+def test_taken_port_fails_preflight(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A gateway port already in use is reported by preflight, exit 2."""
+    import socket
+
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:1])
+    port = int(_api_url(config).rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        orchestrator = Orchestrator(config)
+        try:
+            assert orchestrator.wait_exit(180) == 2
+        finally:
+            orchestrator.stop()
+    assert f"127.0.0.1:{port} (api.port) is already in use" in orchestrator.text
+
+
+def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SIGKILL of the orchestrator takes agents and ranks down; a new `up` starts cleanly."""
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2])
+    url = _api_url(config)
+    with running(config, url=url) as first:
+        pids = first.remember_descendants()
+        first.process.kill()
+        first.wait_exit()
+        assert wait_gone(pids) == set(), "ranks or agents outlived a SIGKILLed orchestrator"
+    with running(config, url=url) as second:
+        models = httpx.get(f"{url}/v1/models", timeout=30).json()
+        assert models["data"][0]["id"] == tiny_model_dir.name
+        assert "already run by" not in second.text
+
+
+def test_dry_run_prints_plan(tmp_path: Path) -> None:
+    """`up --dry-run` prints the resolved plan as TOML and starts nothing."""
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", LOCAL3)
+    result = run_cli("up", "--dry-run", str(config))
+    assert result.returncode == 0, result.stderr
+    import tomllib
+
+    plan = tomllib.loads(result.stdout)
+    assert [rank["env"]["MLX_RANK"] for rank in plan["ranks"]] == ["0", "1", "2"]
+    assert json.loads(plan["ranks"][0]["files"]["hostfile.json"])[2][0].startswith("127.0.0.1:")
