@@ -18,6 +18,8 @@ def ports_in_use(host: str, ports: list[int]) -> list[int]:
     busy = []
     for port in ports:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As servers do: connections of an earlier run in TIME_WAIT do not block a listener.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError:

@@ -99,6 +99,7 @@ def _up(args: argparse.Namespace) -> int:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     for warning in warnings:
         logging.getLogger("orchestrator").warning("%s", warning.render(args.config))
     return asyncio.run(Service(spec, args.config).run())

@@ -58,7 +58,9 @@ def rank0_url(spec: ClusterSpec) -> str:
 def build_plan(spec: ClusterSpec, launch_id: str) -> LaunchPlan:
     settings = _settings(spec, launch_id)
     files = {SETTINGS_FILE: msgspec.json.encode(settings).decode()}
-    if spec.cluster.backend == "ring":
+    if spec.world_size == 1:
+        pass
+    elif spec.cluster.backend == "ring":
         files[HOSTFILE] = json.dumps(_hostfile(spec))
     else:
         files[DEVICES_FILE] = json.dumps([node.rdma for node in spec.nodes])
@@ -111,7 +113,10 @@ def _hostfile(spec: ClusterSpec) -> list[list[str]]:
 
 def _env(spec: ClusterSpec, node: NodeSpec, rank: int, launch_id: str) -> dict[str, str]:
     env = dict(node.env)
-    env.update({"MLX_RANK": str(rank), "MLX_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"})
+    env.update({"MLX_LAUNCH_ID": launch_id, "PYTHONUNBUFFERED": "1"})
+    if spec.world_size == 1:
+        return env  # no distributed env: the rank runs alone, without a backend
+    env["MLX_RANK"] = str(rank)
     if spec.cluster.backend == "ring":
         env["MLX_HOSTFILE"] = HOSTFILE
     else:

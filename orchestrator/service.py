@@ -181,6 +181,7 @@ class Service:
         grace = self.spec.supervisor.stop_grace_s
         log.info("stopping: no new requests; in-flight ones get up to %g s", grace)
         server.should_exit = True
+        self.supervisor.begin_drain()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._drained(gateway)), grace + 1)
         server.force_exit = True
@@ -231,6 +232,8 @@ class Service:
 
 def _port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As servers do: connections of an earlier run in TIME_WAIT do not block a new listener.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

@@ -68,7 +68,9 @@ def orchestrator_alive(state: ClusterState) -> bool:
     """True when the recorded orchestrator still runs (same PID and same start time)."""
     try:
         process = psutil.Process(state.orchestrator_pid)
-        return abs(process.create_time() - state.orchestrator_started) < 1.0
+        same = abs(process.create_time() - state.orchestrator_started) < 1.0
+        # An exited orchestrator whose parent has not reaped it yet is a zombie: gone.
+        return same and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

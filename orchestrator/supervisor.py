@@ -64,6 +64,7 @@ class Supervisor:
         self._changed = asyncio.Event()
         self._ready_since = 0.0
         self._force = False
+        self._draining = False
         machine.on_change(self._state_changed)
 
     # ── what the gateway sees (ClusterView) ──
@@ -76,6 +77,10 @@ class Supervisor:
     def reason(self) -> str:
         return self.machine.reason
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
     async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
         deadline = self._clock() + timeout_s
         while True:
@@ -83,7 +88,8 @@ class Supervisor:
             if self.state == GangState.READY and gang and gang.launch_id != not_launch:
                 return Upstream(gang.plan.rank0_url, gang.launch_id)
             remaining = deadline - self._clock()
-            if self.state in (GangState.FAILED, GangState.STOPPED) or remaining <= 0:
+            ended = self.state in (GangState.FAILED, GangState.STOPPED) or self._draining
+            if ended or remaining <= 0:
                 return None
             changed = self._changed
             try:
@@ -95,6 +101,11 @@ class Supervisor:
         return build_status(self)
 
     # ── requests from the operator ──
+
+    def begin_drain(self) -> None:
+        """Shutdown began: requests waiting for a gang get their answer (503) now."""
+        self._draining = True
+        self._pulse()
 
     def request_stop(self, force: bool = False) -> None:
         """End the run; with force, ranks get SIGKILL at once instead of a grace period."""
@@ -296,5 +307,9 @@ class Supervisor:
 
     def _state_changed(self, old: GangState, new: GangState, reason: str) -> None:
         self.metrics.state.state(new.value)
+        self._pulse()
+
+    def _pulse(self) -> None:
+        """Wake everything waiting in wait_for_upstream to look again."""
         self._changed.set()
         self._changed = asyncio.Event()

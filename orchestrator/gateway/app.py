@@ -148,4 +148,5 @@ def create_app(
         state=State({"gateway": gateway}),
         exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler},
         openapi_config=None,
+        logging_config=None,  # the service configures logging; Litestar must not replace it
     )

@@ -24,6 +24,11 @@ class ClusterView(Protocol):
     @property
     def reason(self) -> str: ...
 
+    @property
+    def draining(self) -> bool:
+        """True once shutdown began: no request will get a gang any more."""
+        ...
+
     async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
         """Rank 0 of a ready gang (other than `not_launch`), or None if none within the timeout."""
         ...

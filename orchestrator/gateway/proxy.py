@@ -141,6 +141,8 @@ class Proxy:
 
     def _unavailable_error(self) -> ApiError:
         state = self.view.state
+        if self.view.draining:
+            return unavailable("the orchestrator is shutting down", 5, code="shutting_down")
         if state == GangState.FAILED:
             return unavailable(f"cluster failed: {self.view.reason}", 60, code="cluster_failed")
         detail = f" ({self.view.reason})" if self.view.reason else ""

@@ -150,6 +150,23 @@ def wait_gone(pids: set[int], timeout_s: float = 30.0) -> set[int]:
     return alive(pids)
 
 
+def launch_processes(launch_id: str) -> list[int]:
+    """PIDs of the processes carrying this launch id in their environment (its ranks)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("MLX_LAUNCH_ID") == launch_id:
+                found.append(process.pid)
+    return found
+
+
+def wait_no_launch(launch_id: str, timeout_s: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while launch_processes(launch_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return launch_processes(launch_id)
+
+
 def kill_all(pids: set[int]) -> None:
     for pid in alive(pids):
         with contextlib.suppress(ProcessLookupError):
@@ -165,6 +182,9 @@ def running(
         if url:
             orchestrator.wait_ready(url)
         yield orchestrator
+    except BaseException:
+        print(f"orchestrator output (last 150 lines):\n" + "\n".join(orchestrator.output[-150:]))
+        raise
     finally:
         orchestrator.stop()
 

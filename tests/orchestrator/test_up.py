@@ -7,17 +7,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import msgspec
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.orchestrator.orchestrator_process import (
     Orchestrator,
+    launch_processes,
     run_cli,
     running,
     wait_gone,
+    wait_no_launch,
     write_cluster,
 )
+from tests.sshd_fixture import SshdServer, run_sshd
 
 API_KEY = "test-key-123"
 KEY_ENV = {"TEST_ORCHESTRATOR_KEY": API_KEY}
@@ -206,3 +210,35 @@ def test_dry_run_prints_plan(tmp_path: Path) -> None:
     plan = tomllib.loads(result.stdout)
     assert [rank["env"]["MLX_RANK"] for rank in plan["ranks"]] == ["0", "1", "2"]
     assert json.loads(plan["ranks"][0]["files"]["hostfile.json"])[2][0].startswith("127.0.0.1:")
+
+
+def test_two_ssh_nodes_up_chat_down(sshd: SshdServer, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Two nodes reached through two real sshd servers run 2 ranks of the test model."""
+    (tmp_path / "second-sshd").mkdir()
+    with run_sshd(tmp_path / "second-sshd") as second:
+        nodes = [
+            {**msgspec.to_builtins(server.node(name)), "ip": "127.0.0.1"}
+            for name, server in (("ssh-a", sshd), ("ssh-b", second))
+        ]
+        config = write_cluster(tmp_path, str(tiny_model_dir), nodes)
+        url = _api_url(config)
+        with running(config, url=url) as orchestrator:
+            reply = httpx.post(
+                f"{url}/v1/completions",
+                timeout=120,
+                json={
+                    "model": tiny_model_dir.name,
+                    "prompt": "Hello",
+                    "max_tokens": 4,
+                    "temperature": 0,
+                },
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["completion_tokens"] == 4
+            status = json.loads(run_cli("status", str(config), "--json").stdout)
+            assert [rank["node"] for rank in status["ranks"]] == ["ssh-a", "ssh-b"]
+            assert len(launch_processes(status["launch_id"])) == 2
+            assert run_cli("down", str(config)).returncode == 0
+            assert orchestrator.wait_exit() == 0
+        # The ranks ran under the sshd servers, not under the orchestrator: look them up by launch.
+        assert wait_no_launch(status["launch_id"]) == []
