@@ -46,7 +46,7 @@ def _is_free(port: int) -> bool:
 
 
 def write_cluster(
-    tmp: Path, model: str, nodes: list[dict[str, Any]], **sections: dict[str, Any]
+    tmp: Path, model_path: str, nodes: list[dict[str, Any]], **sections: dict[str, Any]
 ) -> Path:
     """A cluster.toml on free ports, with its state dir under tmp."""
     data: dict[str, Any] = {
@@ -55,7 +55,7 @@ def write_cluster(
             "state_dir": str(tmp / "state"),
             "rank_port": free_port_block(len(nodes)),
         },
-        "model": {"path": model},
+        "model": {"path": model_path},
         "api": {"host": "127.0.0.1", "port": free_port()},
         "serving": {"rank_api_port": free_port(), "keepalive_s": 1.0},
         "supervisor": {"stop_grace_s": 3.0, "launch_timeout_s": 300.0},
@@ -183,7 +183,7 @@ def running(
             orchestrator.wait_ready(url)
         yield orchestrator
     except BaseException:
-        print(f"orchestrator output (last 150 lines):\n" + "\n".join(orchestrator.output[-150:]))
+        print("orchestrator output (last 150 lines):\n" + "\n".join(orchestrator.output[-150:]))
         raise
     finally:
         orchestrator.stop()

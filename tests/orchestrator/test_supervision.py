@@ -1,0 +1,238 @@
+"""Supervision end to end: real faults (or injected ones) restart the whole gang and recover."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.orchestrator.orchestrator_process import (
+    Orchestrator,
+    run_cli,
+    running,
+    wait_no_launch,
+    write_cluster,
+)
+from tests.sshd_fixture import SshdServer
+
+FAST_RESTARTS = {
+    "backoff_initial_s": 0.5,
+    "backoff_max_s": 4.0,
+    "hang_timeout_s": 6.0,
+    "ebusy_cooldown_s": 0.0,
+    "stop_grace_s": 2.0,
+    "launch_timeout_s": 120.0,
+}
+TWO_LOCAL = [{"name": "a", "ip": "127.0.0.1"}, {"name": "b", "ip": "127.0.0.1"}]
+
+
+class Cluster:
+    def __init__(
+        self, orchestrator: Orchestrator, config: Path, url: str, fault_file: Path
+    ) -> None:
+        self.orchestrator, self.config, self.url, self.fault_file = (
+            orchestrator,
+            config,
+            url,
+            fault_file,
+        )
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(run_cli("status", str(self.config), "--json").stdout))
+
+    def rank_pid(self, rank: int) -> int:
+        return int(self.status()["ranks"][rank]["pid"])
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return 0.0
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.3)
+        raise AssertionError(
+            f"timed out waiting for {what}:\n" + "\n".join(self.orchestrator.output[-80:])
+        )
+
+    def wait_ready_after(self, launch_id: str) -> dict[str, Any]:
+        """Wait for a new gang (another launch id) to be ready; returns its status."""
+
+        def ready() -> bool:
+            status = self.status()
+            return status.get("state") == "ready" and status.get("launch_id") != launch_id
+
+        self.wait_for(ready, "a relaunched, ready gang")
+        return self.status()
+
+    def complete(self, max_tokens: int = 4, timeout: float = 120.0) -> httpx.Response:
+        return httpx.post(
+            f"{self.url}/v1/completions",
+            timeout=timeout,
+            json={"model": "tiny", "prompt": "Hello", "max_tokens": max_tokens, "temperature": 0},
+        )
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callable[..., Cluster]]:
+    stack: list[Any] = []
+
+    def start(
+        nodes: list[dict[str, Any]] = TWO_LOCAL, fault: str = "", **supervisor: Any
+    ) -> Cluster:
+        fault_file = tmp_path / "fault"
+        if fault:
+            fault_file.write_text(fault)
+        config = write_cluster(
+            tmp_path,
+            str(tiny_model_dir),
+            nodes,
+            model={"id": "tiny"},
+            supervisor={**FAST_RESTARTS, **supervisor},
+            serving={"max_batch_size": 1, "max_tokens_limit": 100000},
+        )
+        url = _url(config)
+        context = running(config, env={"ORCHESTRATOR_FAULT_FILE": str(fault_file)})
+        orchestrator = context.__enter__()
+        stack.append(context)
+        cluster = Cluster(orchestrator, config, url, fault_file)
+        if not fault:
+            orchestrator.wait_ready(url)
+        return cluster
+
+    yield start
+    for context in reversed(stack):
+        context.__exit__(None, None, None)
+
+
+def _url(config: Path) -> str:
+    import tomllib
+
+    api = tomllib.loads(config.read_text())["api"]
+    return f"http://{api['host']}:{api['port']}"
+
+
+def test_sigkill_worker_mid_stream(cluster_factory: Callable[..., Cluster]) -> None:
+    """kill -9 of a worker: the stream ends with an SSE error, a queued request completes."""
+    cluster = cluster_factory()
+    launch = cluster.status()["launch_id"]
+    queued: list[httpx.Response] = []
+    with httpx.stream(
+        "POST",
+        f"{cluster.url}/v1/completions",
+        timeout=120,
+        json={"model": "tiny", "prompt": "Hi", "max_tokens": 4000, "stream": True},
+    ) as stream:
+        assert stream.status_code == 200, stream.read()
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        waiter = threading.Thread(target=lambda: queued.append(cluster.complete()))
+        waiter.start()  # max_batch_size 1: it waits behind the stream, no token yet
+        time.sleep(1.0)
+        os.kill(cluster.rank_pid(1), signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data:")]
+    assert '"error"' in rest[-2] and rest[-1] == "data: [DONE]"
+    waiter.join(180)
+    assert queued and queued[0].status_code == 200, queued and queued[0].text
+    status = cluster.wait_ready_after(launch)
+    assert "rank_crashed: rank 1 on b: SIGKILL" in status["last_cause"]
+    assert cluster.metric("orchestrator_restarts_total", cause="rank_crashed") == 1
+    assert cluster.metric("orchestrator_requests_retried_total") >= 1
+    assert wait_no_launch(launch) == []
+
+
+def test_injected_desync(cluster_factory: Callable[..., Cluster]) -> None:
+    """A worker whose batch diverges is a desync; the gang restarts and serves again."""
+    cluster = cluster_factory(fault="desync:rank=1:step=2")
+    cluster.orchestrator.wait_ready(cluster.url)
+    launch = cluster.status()["launch_id"]
+    cluster.fault_file.unlink()  # ranks read it at start: the next gang runs clean
+    response = cluster.complete(max_tokens=8)  # no byte sent before the desync: resent
+    assert response.status_code == 200, response.text
+    status = cluster.wait_ready_after(launch)
+    assert status["last_cause"].startswith("desync: rank 1 on b")
+    assert cluster.metric("orchestrator_restarts_total", cause="desync") == 1
+
+
+def test_ebusy_cooldown(cluster_factory: Callable[..., Cluster]) -> None:
+    """An EBUSY line at init is classified ebusy and its cool-down is added to the backoff."""
+    cluster = cluster_factory(fault="ebusy:rank=1", ebusy_cooldown_s=3.0)
+    cluster.wait_for(
+        lambda: "relaunching in 3.5 s (restart 1, cause ebusy)" in cluster.orchestrator.text,
+        "an ebusy restart with its cool-down",
+    )
+    cluster.fault_file.unlink()
+    cluster.orchestrator.wait_ready(cluster.url)
+    assert cluster.metric("orchestrator_restarts_total", cause="ebusy") >= 1
+    assert cluster.metric("orchestrator_restart_backoff_seconds") >= 3.5
+
+
+def test_sigstop_worker_is_a_hang(cluster_factory: Callable[..., Cluster]) -> None:
+    """A frozen worker stalls the collectives: detected as a hang within hang_timeout_s."""
+    cluster = cluster_factory()
+    launch = cluster.status()["launch_id"]
+    frozen = cluster.rank_pid(1)
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        status = cluster.wait_ready_after(launch)
+    finally:
+        with_suppressed_kill(frozen)
+    assert status["last_cause"].startswith("hang:"), status["last_cause"]
+    assert cluster.complete().status_code == 200
+
+
+def with_suppressed_kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_agent_ssh_connection_lost(
+    cluster_factory: Callable[..., Cluster], sshd: SshdServer
+) -> None:
+    """Killing the SSH session of a node's agent: agent_lost, reconnect, ready again."""
+    import msgspec
+
+    nodes = [TWO_LOCAL[0], {**msgspec.to_builtins(sshd.node("remote")), "ip": "127.0.0.1"}]
+    cluster = cluster_factory(nodes=nodes)
+    launch = cluster.status()["launch_id"]
+    session = sshd.session_pids(cluster.rank_pid(1))
+    os.kill(session[-1], signal.SIGKILL)  # the sshd process serving the agent's connection
+    status = cluster.wait_ready_after(launch)
+    assert status["last_cause"].startswith("agent_lost: remote"), status["last_cause"]
+    assert all(node["connected"] for node in status["nodes"])
+    assert cluster.complete().status_code == 200
+
+
+def test_crash_loop_fails_then_restart_recovers(cluster_factory: Callable[..., Cluster]) -> None:
+    """A rank failing every start exhausts the budget: failed, 503; `restart` recovers it."""
+    cluster = cluster_factory(fault="exit_on_load:rank=1", max_restarts=2)
+    cluster.wait_for(lambda: cluster.status().get("state") == "failed", "the failed state")
+    text = cluster.orchestrator.text
+    assert "relaunching in 0.5 s (restart 1" in text and "relaunching in 1.0 s (restart 2" in text
+    response = cluster.complete()
+    assert response.status_code == 503 and response.headers["retry-after"]
+    assert "cluster failed" in response.json()["error"]["message"]
+    assert run_cli("status", str(cluster.config)).returncode == 2
+    cluster.fault_file.unlink()
+    assert run_cli("restart", str(cluster.config)).returncode == 0
+    cluster.orchestrator.wait_ready(cluster.url)
+    assert cluster.complete().status_code == 200
