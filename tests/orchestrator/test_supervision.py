@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -193,16 +194,10 @@ def test_sigstop_worker_is_a_hang(cluster_factory: Callable[..., Cluster]) -> No
     try:
         status = cluster.wait_ready_after(launch)
     finally:
-        with_suppressed_kill(frozen)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGKILL)
     assert status["last_cause"].startswith("hang:"), status["last_cause"]
     assert cluster.complete().status_code == 200
-
-
-def with_suppressed_kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_agent_ssh_connection_lost(
