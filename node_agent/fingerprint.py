@@ -35,6 +35,10 @@ PACKAGES = (
     "mlx-cluster-orchestrator",
     "msgspec",
     "psutil",
+    # What rank 0 needs for its API and metrics.
+    "litestar",
+    "uvicorn",
+    "prometheus-client",
 )
 T = TypeVar("T")
 

@@ -102,6 +102,7 @@ class RankTable:
         if not req.argv:
             raise SpawnError("argv is empty")
         env = self._env(req)
+        argv = [os.path.expanduser(req.argv[0]), *req.argv[1:]]  # python = "~/venv/bin/python"
         launch_id = req.launch_id or env.get(LAUNCH_ID_ENV)
         if launch_id:
             env[LAUNCH_ID_ENV] = launch_id
@@ -118,7 +119,7 @@ class RankTable:
         log_file = _open_log(req.log_file)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *req.argv,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,

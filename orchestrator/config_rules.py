@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from orchestrator.config import ClusterSpec
 from orchestrator.config_check import ConfigIssue
+from orchestrator.launch_plan import rank0_api_host
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Home routers hand out these subnets; a Thunderbolt link there routes traffic the wrong way.
@@ -114,7 +115,7 @@ def _endpoints(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     for rank, node in enumerate(spec.nodes):
         users[(node.rank_ip, spec.cluster.rank_port + rank)].append(f"rank {rank} ({node.name})")
     if spec.nodes:
-        rank0_ip = spec.nodes[0].rank_ip
+        rank0_ip = rank0_api_host(spec)
         users[(rank0_ip, spec.serving.rank_api_port)].append("serving.rank_api_port")
         if spec.nodes[0].transport == "local":
             users[(rank0_ip, spec.api.port)].append("api.port")

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import msgspec
@@ -36,13 +37,9 @@ def status(config: Path, as_json: bool) -> int:
         _say_not_running(spec.cluster.name, as_json)
         return EXIT_DOWN
     snapshot = _fetch_status(state)
-    if snapshot is None:
-        _say_not_running(
-            spec.cluster.name,
-            as_json,
-            f"orchestrator pid {state.orchestrator_pid} does not answer at {state.api_url}",
-        )
-        return EXIT_DOWN
+    if isinstance(snapshot, Unavailable):
+        _say_not_running(spec.cluster.name, as_json, snapshot.reason, snapshot.state)
+        return snapshot.exit_code
     if as_json:
         print(msgspec.json.format(msgspec.json.encode(snapshot)).decode())
     else:
@@ -52,25 +49,35 @@ def status(config: Path, as_json: bool) -> int:
     return EXIT_DOWN if snapshot.state in ("failed", "stopped") else EXIT_STARTING
 
 
-def _fetch_status(state: ClusterState) -> ClusterStatus | None:
+class Unavailable(NamedTuple):
+    reason: str
+    state: str
+    exit_code: int
+
+
+def _fetch_status(state: ClusterState) -> ClusterStatus | Unavailable:
+    """The running orchestrator's snapshot, or why it could not be had."""
     key = os.environ.get(state.api_key_env) if state.api_key_env else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    where = f"orchestrator pid {state.orchestrator_pid} at {state.api_url}"
     try:
         response = httpx.get(f"{state.api_url}/status", headers=headers, timeout=5.0)
-    except httpx.HTTPError:
-        return None
+    except httpx.HTTPError as exc:
+        # It runs (its PID is alive) but its gateway is not up yet: connecting or preflight.
+        return Unavailable(f"{where} is starting ({exc})", "starting", EXIT_STARTING)
+    if response.status_code == 401:
+        reason = f"{where} wants the API key: set ${state.api_key_env} in this shell"
+        return Unavailable(reason, "unknown", EXIT_DOWN)
     if response.status_code != 200:
-        return None
+        return Unavailable(f"{where} answered {response.status_code}", "unknown", EXIT_DOWN)
     return msgspec.json.decode(response.content, type=ClusterStatus)
 
 
-def _say_not_running(cluster: str, as_json: bool, why: str = "not running") -> None:
+def _say_not_running(
+    cluster: str, as_json: bool, why: str = "not running", state: str = "not_running"
+) -> None:
     if as_json:
-        print(
-            msgspec.json.encode(
-                {"cluster": cluster, "state": "not_running", "reason": why}
-            ).decode()
-        )
+        print(msgspec.json.encode({"cluster": cluster, "state": state, "reason": why}).decode())
     else:
         print(f"{cluster}: {why}")
 
@@ -107,7 +114,7 @@ async def _end_recorded_ranks(spec: ClusterSpec, state: ClusterState) -> int:
     pool = NodePool(spec, on_event=lambda node, event: None, on_lost=lambda node, info: None)
     try:
         await pool.connect_all()
-        return await end_stale_ranks(pool, state)
+        return await end_stale_ranks(pool, state.ranks)
     finally:
         await pool.close_all()
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from node_agent.protocol import Exited, Spawn, Spawned
 from orchestrator.launch_plan import LaunchPlan, RankLaunch
 from orchestrator.nodes import NodePool
+from orchestrator.state_file import RankRecord
 from orchestrator.transports import AgentRequestError, TransportError
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,16 @@ class Gang:
             return None
         process.exited = exited
         return process
+
+    def unconfirmed(self) -> list[RankRecord]:
+        """Ranks whose end no agent reported (their agent was lost): to reap by PID later.
+
+        On Linux they die with their agent; on macOS they may outlive it."""
+        return [
+            RankRecord(rank=p.rank, node=p.node, pid=p.pid, launch_id=self.launch_id)
+            for p in self.ranks.values()
+            if p.running and p.pid is not None
+        ]
 
     async def stop(self, grace_s: float) -> None:
         """SIGTERM every running rank's process group, SIGKILL after grace_s; all nodes at once."""

@@ -51,8 +51,14 @@ def new_launch_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
+def rank0_api_host(spec: ClusterSpec) -> str:
+    """Rank 0's internal API listens on loopback when it runs here: only the gateway reaches it."""
+    first = spec.nodes[0]
+    return "127.0.0.1" if first.transport == "local" else first.rank_ip
+
+
 def rank0_url(spec: ClusterSpec) -> str:
-    return f"http://{spec.nodes[0].rank_ip}:{spec.serving.rank_api_port}"
+    return f"http://{rank0_api_host(spec)}:{spec.serving.rank_api_port}"
 
 
 def build_plan(spec: ClusterSpec, launch_id: str) -> LaunchPlan:
@@ -92,7 +98,7 @@ def _settings(spec: ClusterSpec, launch_id: str) -> RankSettings:
         model=spec.model.path,
         served_model_id=spec.model.served_id,
         context_length=spec.model.context_length,
-        api_host=spec.nodes[0].rank_ip,
+        api_host=rank0_api_host(spec),
         api_port=serving.rank_api_port,
         max_batch_size=serving.max_batch_size,
         max_tokens_default=serving.max_tokens_default,

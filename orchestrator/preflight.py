@@ -56,12 +56,18 @@ def run_preflight(
     return failures
 
 
+# What every rank imports, and what rank 0 adds for its API.
+RANK_PACKAGES = ("mlx", "mlx-lm", "msgspec")
+RANK0_PACKAGES = ("litestar", "uvicorn", "prometheus-client")
+
+
 def _versions(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
     reference_name = spec.nodes[0].name
     reference = prints[reference_name]
-    for node in spec.nodes:
+    for rank, node in enumerate(spec.nodes):
         fingerprint = prints[node.name]
-        for package in ("mlx", "mlx-lm"):
+        required = RANK_PACKAGES + (RANK0_PACKAGES if rank == 0 else ())
+        for package in required:
             if fingerprint.packages.get(package) is None:
                 yield PreflightFailure(
                     node.name,

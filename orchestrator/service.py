@@ -27,6 +27,7 @@ from orchestrator.config import ClusterSpec
 from orchestrator.gang import Gang
 from orchestrator.gang_state import GangState, StateMachine
 from orchestrator.gateway.app import create_app
+from orchestrator.launch_plan import rank0_api_host
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.nodes import NodePool
 from orchestrator.preflight import run_preflight
@@ -80,6 +81,7 @@ class Service:
             )
             return EXIT_NOT_STARTED
         self._install_signal_handlers()
+        self._write_state()  # from now on `status` says starting and a second `up` is refused
         async with httpx.AsyncClient() as http:
             pool = NodePool(
                 self.spec,
@@ -109,9 +111,8 @@ class Service:
             return False
         for name in pool.nodes:
             self.metrics.node_up.labels(node=name).set(1)
-        if previous is not None:
-            await end_stale_ranks(pool, previous)
-            remove_state(self.state_file)
+        if previous is not None:  # a crashed run's ranks, recorded before we overwrote its file
+            await end_stale_ranks(pool, previous.ranks)
         self.machine.to(GangState.PREFLIGHT)
         fingerprints = await pool.fingerprint_all()
         for name, fingerprint in fingerprints.items():
@@ -136,13 +137,16 @@ class Service:
         busy: dict[str, list[str]] = {}
         if _port_in_use(self.spec.api.host, self.spec.api.port):
             busy["orchestrator"] = [f"{self.spec.api.host}:{self.spec.api.port} (api.port)"]
-        for rank, node in enumerate(self.spec.nodes):
-            ports = [self.spec.cluster.rank_port + rank]
-            if rank == 0:
-                ports.append(self.spec.serving.rank_api_port)
-            in_use = await pool.agent(node.name).ports_in_use(node.rank_ip, ports)
-            if in_use:
-                busy.setdefault(node.name, []).extend(f"{node.rank_ip}:{port}" for port in in_use)
+        listeners = [
+            (node, node.rank_ip, self.spec.cluster.rank_port + rank)
+            for rank, node in enumerate(self.spec.nodes)
+        ]
+        listeners.append(
+            (self.spec.nodes[0], rank0_api_host(self.spec), self.spec.serving.rank_api_port)
+        )
+        for node, host, port in listeners:
+            if await pool.agent(node.name).ports_in_use(host, [port]):
+                busy.setdefault(node.name, []).append(f"{host}:{port}")
         return busy
 
     async def _serve(self) -> None:
@@ -203,6 +207,9 @@ class Service:
             for p in gang.ranks.values()
             if p.pid is not None
         ]
+        self._write_state(gang.launch_id, ranks)
+
+    def _write_state(self, launch_id: str = "", ranks: list[RankRecord] | None = None) -> None:
         write_state(
             self.state_file,
             ClusterState(
@@ -212,8 +219,8 @@ class Service:
                 orchestrator_started=own_start_time(),
                 api_url=f"http://{self.spec.api.host}:{self.spec.api.port}",
                 api_key_env=self.spec.api.api_key_env or "",
-                launch_id=gang.launch_id,
-                ranks=ranks,
+                launch_id=launch_id,
+                ranks=ranks or [],
             ),
         )
 

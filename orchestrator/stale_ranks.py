@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 
 from orchestrator.nodes import NodePool
-from orchestrator.state_file import ClusterState
+from orchestrator.state_file import RankRecord
 from orchestrator.transports import AgentRequestError, TransportError
 
 log = logging.getLogger(__name__)
 
 
-async def end_stale_ranks(pool: NodePool, state: ClusterState, grace_s: float = 5.0) -> int:
+async def end_stale_ranks(pool: NodePool, records: list[RankRecord], grace_s: float = 5.0) -> int:
     """Returns how many recorded ranks were still running and have been ended."""
     ended = 0
-    for record in state.ranks:
+    for record in records:
         if record.node not in pool.nodes:
             continue
         try:

@@ -29,6 +29,7 @@ from orchestrator.launch_plan import build_plan, new_launch_id
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.nodes import NodePool
 from orchestrator.restart_policy import RestartPolicy
+from orchestrator.stale_ranks import end_stale_ranks
 from orchestrator.status_model import ClusterStatus
 from orchestrator.status_report import build_status
 from orchestrator.transports import AgentExit
@@ -180,12 +181,16 @@ class Supervisor:
         if self.last_failure is not None:
             self.metrics.recovery.observe(self._clock() - self.last_failure.at)
         self._ready_since = self._clock()
-        self.machine.to(GangState.READY, f"serving at {self.spec.api.host}:{self.spec.api.port}")
+        self.machine.to(
+            GangState.READY, f"serving at http://{self.spec.api.host}:{self.spec.api.port}/v1"
+        )
         return await self._first_of(self._watch_progress(), self._failures.get())
 
     async def _launch(self) -> RankFailure | None:
         for error in await self.pool.connect_all():
             return RankFailure(Cause.AGENT_LOST, error.node, None, error.message, self._clock())
+        if self.gang is not None:
+            await end_stale_ranks(self.pool, self.gang.unconfirmed())
         self._drain_failures()
         self.gang = Gang(build_plan(self.spec, new_launch_id()), self.pool)
         log.info("launching %d ranks, launch %s", self.spec.world_size, self.gang.launch_id)

@@ -231,3 +231,15 @@ def test_crash_loop_fails_then_restart_recovers(cluster_factory: Callable[..., C
     assert run_cli("restart", str(cluster.config)).returncode == 0
     cluster.orchestrator.wait_ready(cluster.url)
     assert cluster.complete().status_code == 200
+
+
+def test_rank_stuck_loading_is_init_timeout(cluster_factory: Callable[..., Cluster]) -> None:
+    """A rank that never finishes loading fails the launch after launch_timeout_s."""
+    cluster = cluster_factory(fault="hang_on_load:rank=1", launch_timeout_s=8.0)
+    cluster.wait_for(
+        lambda: "restarting: init_timeout: rank 0 on a" in cluster.orchestrator.text,
+        "an init_timeout failure",
+    )
+    cluster.fault_file.unlink()
+    cluster.orchestrator.wait_ready(cluster.url)
+    assert cluster.metric("orchestrator_restarts_total", cause="init_timeout") >= 1
