@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.orchestrator.orchestrator_process import (
     Orchestrator,
     run_cli,
-    running,
     wait_no_launch,
     write_cluster,
 )
@@ -93,7 +92,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster_factory(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callable[..., Cluster]]:
-    stack: list[Any] = []
+    started: list[Orchestrator] = []
 
     def start(
         nodes: list[dict[str, Any]] = TWO_LOCAL, fault: str = "", **supervisor: Any
@@ -110,17 +109,19 @@ def cluster_factory(tmp_path: Path, tiny_model_dir: Path) -> Iterator[Callable[.
             serving={"max_batch_size": 1, "max_tokens_limit": 100000},
         )
         url = _url(config)
-        context = running(config, env={"ORCHESTRATOR_FAULT_FILE": str(fault_file)})
-        orchestrator = context.__enter__()
-        stack.append(context)
+        orchestrator = Orchestrator(config, env={"ORCHESTRATOR_FAULT_FILE": str(fault_file)})
+        started.append(orchestrator)
         cluster = Cluster(orchestrator, config, url, fault_file)
         if not fault:
             orchestrator.wait_ready(url)
         return cluster
 
-    yield start
-    for context in reversed(stack):
-        context.__exit__(None, None, None)
+    try:
+        yield start
+    finally:
+        for orchestrator in started:
+            orchestrator.stop()  # pytest shows this output only when the test failed
+            print("orchestrator output (last 80 lines):\n" + "\n".join(orchestrator.output[-80:]))
 
 
 def _url(config: Path) -> str:
@@ -235,7 +236,7 @@ def test_crash_loop_fails_then_restart_recovers(cluster_factory: Callable[..., C
 
 def test_rank_stuck_loading_is_init_timeout(cluster_factory: Callable[..., Cluster]) -> None:
     """A rank that never finishes loading fails the launch after launch_timeout_s."""
-    cluster = cluster_factory(fault="hang_on_load:rank=1", launch_timeout_s=8.0)
+    cluster = cluster_factory(fault="hang_on_load:rank=1", launch_timeout_s=30.0)
     cluster.wait_for(
         lambda: "restarting: init_timeout: rank 0 on a" in cluster.orchestrator.text,
         "an init_timeout failure",
