@@ -1,0 +1,26 @@
+"""create_app(): rank 0's internal OpenAI API."""
+
+from __future__ import annotations
+
+from litestar import Litestar
+from litestar.datastructures import State
+
+from serving.api.chat import ChatController
+from serving.api.completions import CompletionsController
+from serving.api.errors import EXCEPTION_HANDLERS
+from serving.api.state import ServingState
+from serving.api.system import HealthController, MetricsController, ModelsController
+
+
+def create_app(serving: ServingState) -> Litestar:
+    return Litestar(
+        route_handlers=[
+            ChatController, CompletionsController, ModelsController,
+            HealthController, MetricsController,
+        ],
+        state=State({"serving": serving}),
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        request_max_body_size=serving.settings.max_body_bytes,
+        openapi_config=None,
+        logging_config=None,
+    )

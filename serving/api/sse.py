@@ -1,0 +1,49 @@
+"""Server-sent events in OpenAI's streaming format."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+
+from serving.api.generation import Admitted, failure_error
+from serving.api.schemas import Usage
+from serving.requests import Failed, Finished, TextDelta
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: object) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+def usage_of(done: Finished) -> Usage:
+    total = done.prompt_tokens + done.completion_tokens
+    return Usage(done.prompt_tokens, done.completion_tokens, total)
+
+
+async def stream_events(
+    admitted: Admitted,
+    *,
+    first: Callable[[], object] | None,
+    delta: Callable[[str], object],
+    final: Callable[[str], object],
+    usage: Callable[[Usage], object] | None,
+) -> AsyncIterator[bytes]:
+    """Format the engine's events as SSE chunks, ending with `data: [DONE]`.
+
+    A failure mid-stream (timeout, shutdown) is sent as an error event so the client
+    sees why the stream ended.
+    """
+    if first is not None:
+        yield sse(first())
+    async for event in admitted.events():
+        if isinstance(event, TextDelta):
+            yield sse(delta(event.text))
+        elif isinstance(event, Finished):
+            yield sse(final(event.finish_reason))
+            if usage is not None:
+                yield sse(usage(usage_of(event)))
+        elif isinstance(event, Failed):
+            yield sse({"error": msgspec.to_builtins(failure_error(event).body)})
+    yield DONE

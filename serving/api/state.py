@@ -1,0 +1,39 @@
+"""What the API handlers share: settings, metrics, and the engine once the model is loaded."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving.engine import Engine
+from serving.metrics import ServingMetrics
+from serving.settings import RankSettings
+
+
+@dataclass
+class ModelInfo:
+    tokenizer: Any  # mlx-lm TokenizerWrapper
+    context_length: int
+    vocab_size: int
+
+
+@dataclass
+class ServingState:
+    """Lives on app.state; the engine thread fills in model and engine when ready."""
+
+    settings: RankSettings
+    model_id: str
+    world_size: int
+    metrics: ServingMetrics
+    status: str = "loading"  # loading -> ready -> stopping
+    engine: Engine | None = None
+    model: ModelInfo | None = None
+    created: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set_ready(self, engine: Engine, model: ModelInfo) -> None:
+        with self.lock:
+            self.engine, self.model = engine, model
+            if self.status == "loading":
+                self.status = "ready"

@@ -1,0 +1,68 @@
+"""serving_* Prometheus metrics of rank 0 (base units; histogram buckets in vLLM's style)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Bucket edges follow vLLM's serving metrics so dashboards line up.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+               50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+COMM_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
+                0.025, 0.05, 0.1, 0.25, 1.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class ServingMetrics:
+    """All serving_* metrics, on their own registry (one rank 0 per process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests_running = Gauge(
+            "serving_requests_running", "Requests in the batch", registry=r)
+        self.requests_waiting = Gauge(
+            "serving_requests_waiting", "Requests waiting for a batch slot", registry=r)
+        self.time_to_first_token = Histogram(
+            "serving_time_to_first_token_seconds", "Time to first token",
+            buckets=TTFT_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "serving_inter_token_latency_seconds", "Time between tokens of a request",
+            buckets=ITL_BUCKETS, registry=r)
+        self.e2e_latency = Histogram(
+            "serving_e2e_request_latency_seconds", "Request latency, arrival to last token",
+            buckets=E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "serving_prompt_tokens", "Prompt tokens admitted", registry=r)
+        self.prefix_cache_tokens = Counter(
+            "serving_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache",
+            registry=r)
+        self.generation_tokens = Counter(
+            "serving_generation_tokens", "Tokens generated", registry=r)
+        self.requests_finished = Counter(
+            "serving_requests_finished", "Requests finished, by reason",
+            ["finish_reason"], registry=r)
+        self.step_duration = Histogram(
+            "serving_step_duration_seconds", "Engine step duration (plan + forward + sampling)",
+            buckets=STEP_BUCKETS, registry=r)
+        self.step_comm = Histogram(
+            "serving_step_comm_seconds",
+            "Plan broadcast time per step (observed only with comm_profile on)",
+            buckets=COMM_BUCKETS, registry=r)
+        self.batch_size = Gauge(
+            "serving_batch_size", "Sequences decoded in the last step", registry=r)
+        self.batch_size_hist = Histogram(
+            "serving_batch_size_steps", "Sequences decoded per step",
+            buckets=BATCH_BUCKETS, registry=r)
+        self.steps = Counter("serving_steps", "Engine steps run", registry=r)
+        self.last_step = Gauge(
+            "serving_last_step_timestamp_seconds", "Unix time of the last engine step",
+            registry=r)
+        self.pending = Gauge(
+            "serving_requests_pending", "Requests waiting or running (watchdog: pending "
+            "work without step progress means a hang)", registry=r)

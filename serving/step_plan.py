@@ -1,0 +1,124 @@
+"""The StepPlan: what rank 0 tells every worker before each engine step, and its broadcast.
+
+Wire format, per step, over `all_sum` (rank 0 contributes the data, workers zeros):
+  1. a fixed 6 x int64 header: kind, step id, payload length, batch fingerprint,
+     digest of the previous step's tokens, reserved;
+  2. only when the header's payload length is > 0: the msgpack payload (inserts and
+     removes) as uint8.
+So a step whose batch composition is unchanged costs one 48-byte collective.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import mlx.core as mx
+import msgspec
+import numpy as np
+
+HEADER_LEN = 6
+
+
+class PlanKind(enum.IntEnum):
+    STEP = 1  # run one engine step
+    KEEPALIVE = 2  # idle: prove the collective path is alive, keep the link warm
+    SHUTDOWN = 3  # rank 0 is stopping: workers exit 0
+
+
+class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    seed: int  # rank 0 draws one when the client gives none, so all ranks sample alike
+
+
+class Insert(msgspec.Struct, frozen=True, array_like=True):
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+
+
+class PlanPayload(msgspec.Struct, array_like=True):
+    inserts: list[Insert] = []
+    removes: list[int] = []  # BatchGenerator uids, identical on every rank
+
+
+class StepPlan(msgspec.Struct):
+    kind: PlanKind
+    step_id: int = 0
+    fingerprint: int = 0  # of the batch composition after applying inserts/removes
+    token_digest: int = 0  # of the tokens the previous step produced
+    inserts: list[Insert] = []
+    removes: list[int] = []
+
+    @property
+    def changes_batch(self) -> bool:
+        return bool(self.inserts or self.removes)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(PlanPayload)
+
+
+def encode_payload(plan: StepPlan) -> bytes:
+    if not plan.changes_batch:
+        return b""
+    return _encoder.encode(PlanPayload(plan.inserts, plan.removes))
+
+
+def decode_payload(data: bytes) -> PlanPayload:
+    return _decoder.decode(data)
+
+
+class PlanChannel:
+    """Broadcasts plans from rank 0 to the workers over the tensor group.
+
+    Every collective runs on `stream`, the BatchGenerator's stream, so that it is
+    ordered with the model's own all_sums and never interleaves with them.
+    """
+
+    def __init__(self, group: mx.distributed.Group, stream: mx.Stream) -> None:
+        self._group = group
+        self._stream = stream
+        self.is_source = group.rank() == 0
+
+        self._in_flight: list[mx.array] = []
+
+    def _all_sum(self, values: mx.array, wait: bool = True) -> mx.array:
+        out = mx.distributed.all_sum(values, group=self._group, stream=self._stream)
+        if wait:
+            mx.eval(out)
+        else:
+            mx.async_eval(out)
+        return out
+
+    def send(self, plan: StepPlan, wait: bool = True) -> None:
+        """Rank 0: broadcast `plan`.
+
+        With wait=False the collectives are only queued on the stream, ahead of the
+        step's forward pass: rank 0 knows the plan already, only workers must block.
+        """
+        payload = encode_payload(plan)
+        header = [plan.kind, plan.step_id, len(payload), plan.fingerprint, plan.token_digest, 0]
+        sent = [self._all_sum(mx.array(header, dtype=mx.int64), wait)]
+        if payload:
+            data = mx.array(np.frombuffer(payload, dtype=np.uint8))
+            sent.append(self._all_sum(data, wait))
+        self._in_flight = sent  # keep queued arrays referenced until the next send
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the stream (used to time a send alone)."""
+        mx.synchronize(self._stream)
+
+    def receive(self) -> StepPlan:
+        """Workers: wait for and return rank 0's next plan."""
+        header = np.array(self._all_sum(mx.zeros(HEADER_LEN, dtype=mx.int64)))
+        kind, step_id, length, fingerprint, digest, _ = (int(v) for v in header)
+        payload = PlanPayload()
+        if length:
+            data = self._all_sum(mx.zeros(length, dtype=mx.uint8))
+            payload = decode_payload(np.array(data).tobytes())
+        return StepPlan(
+            PlanKind(kind), step_id, fingerprint, digest, payload.inserts, payload.removes
+        )

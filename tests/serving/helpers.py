@@ -1,0 +1,26 @@
+"""Helpers for the serving tests: reading /metrics and waiting for a condition."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import httpx
+
+
+def metric_value(base_url: str, name: str) -> float:
+    """The sum of a metric's samples named exactly `name` (any labels) from /metrics."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.MULTILINE)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `check` until it holds; fail naming `what` after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,272 @@
+"""The OpenAI API of a 1-rank server on the bundled model, through real HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.serving.helpers import metric_value, wait_until
+from tests.serving.rank_cluster import RankCluster, rank_cluster
+
+MODEL = "smollm2"
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path
+) -> Iterator[RankCluster]:
+    with rank_cluster(
+        tmp_path_factory.mktemp("api"),
+        bundled_model_dir,
+        1,
+        served_model_id=MODEL,
+        max_tokens_limit=512,
+        max_body_bytes=64 * 1024,
+        max_batch_size=4,
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(server: RankCluster) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def chat(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+def test_openai_chat(client: openai.OpenAI) -> None:
+    """Chat completion through the unmodified openai client, with usage."""
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=chat("What is the capital of France?"),  # type: ignore[arg-type]
+        max_tokens=12,
+        temperature=0,
+    )
+    assert "Paris" in (out.choices[0].message.content or "")
+    assert out.usage is not None and out.usage.prompt_tokens > 0
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_openai_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
+    """Streamed deltas concatenate to the non-streamed text; include_usage adds a usage chunk."""
+    args = {
+        "model": MODEL,
+        "messages": chat("Name three colours."),
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**args)  # type: ignore[call-overload]
+    chunks = list(
+        client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+
+
+def test_openai_completions_and_models(client: openai.OpenAI) -> None:
+    """Text completion (plain and streamed) and the model list."""
+    out = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0)
+    assert out.choices[0].text and out.usage and out.usage.completion_tokens == 6
+    streamed = client.completions.create(
+        model=MODEL, prompt="The sky is", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == out.choices[0].text
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_openai_error_unknown_model(client: openai.OpenAI) -> None:
+    """An unknown model is a 404 model_not_found the client raises as NotFoundError."""
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="nope", messages=chat("hi"))  # type: ignore[arg-type]
+    assert info.value.code == "model_not_found"
+
+
+def test_prefix_cache_reuses_the_shared_prompt(client: openai.OpenAI, server: RankCluster) -> None:
+    """A repeated prompt is served from the prefix cache and gives the same greedy text."""
+    before = metric_value(server.base_url, "serving_prefix_cache_hit_tokens_total")
+    runs = [
+        client.chat.completions.create(
+            model=MODEL,
+            messages=chat("Say hello to Ada."),  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+    assert metric_value(server.base_url, "serving_prefix_cache_hit_tokens_total") > before
+
+
+def test_stop_string_and_seeded_sampling(client: openai.OpenAI) -> None:
+    """A stop string ends the text before it; the same seed samples the same text twice."""
+    free = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=12, temperature=0)
+    text = free.choices[0].text
+    stop = text.strip()[:2]
+    cut = client.completions.create(
+        model=MODEL, prompt="1, 2, 3,", max_tokens=12, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)]
+    runs = [
+        client.completions.create(
+            model=MODEL, prompt="Once", max_tokens=10, temperature=1.0, top_p=0.9, seed=7
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
+BAD_BODIES = [
+    ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": MODEL, "messages": chat("x"), "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "messages": chat("x"), "max_tokens": 100000}, "max_tokens"),
+    ({"model": MODEL, "messages": chat("x"), "temperature": 2.5}, "temperature"),
+    ({"model": MODEL, "messages": chat("x"), "temperature": -0.1}, "temperature"),
+    ({"model": MODEL, "messages": chat("x"), "top_p": 0}, "top_p"),
+    ({"model": MODEL, "messages": chat("x"), "top_p": 1.5}, "top_p"),
+    ({"model": MODEL, "messages": chat("x"), "n": 2}, "n"),
+    ({"model": MODEL, "messages": "hello"}, "messages"),
+    ({"messages": chat("x")}, "model"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD_BODIES)
+def test_bad_chat_fields_are_400(server: RankCluster, body: dict[str, object], param: str) -> None:
+    """Each invalid field is a 400 in OpenAI's error shape naming the field."""
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_malformed_json_oversized_body_and_unknown_model(server: RankCluster) -> None:
+    """Malformed JSON 400, a body over max_body_bytes 413, unknown model 404: OpenAI shape."""
+    url = f"{server.base_url}/v1/chat/completions"
+    bad = httpx.post(url, content=b'{"model": ', headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    huge = json.dumps({"model": MODEL, "messages": chat("x" * 100_000)})
+    big = httpx.post(url, content=huge, headers={"content-type": "application/json"})
+    assert big.status_code == 413 and "message" in big.json()["error"]
+    unknown = httpx.post(url, json={"model": "gpt-9", "messages": chat("x")})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_context_overflow_reports_token_counts(server: RankCluster) -> None:
+    """Prompt + max_tokens beyond the context is a 400 that states the token counts."""
+    r = httpx.post(
+        f"{server.base_url}/v1/completions",
+        timeout=60,
+        json={"model": MODEL, "prompt": "word " * 8000, "max_tokens": 500},
+    )
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "8192" in error["message"] and "500 for the completion" in error["message"]
+
+
+def _stream_chat(base_url: str, prompt: str, out: dict[str, str]) -> None:
+    body = {
+        "model": MODEL,
+        "messages": chat(prompt),
+        "max_tokens": 20,
+        "temperature": 0,
+        "stream": True,
+    }
+    parts, finish = [], None
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                parts.append(choice["delta"].get("content") or "")
+                finish = choice["finish_reason"] or finish
+    out[prompt] = f"{finish}:{''.join(parts)}"
+
+
+def test_four_concurrent_streams_share_the_batch(server: RankCluster) -> None:
+    """4 concurrent streams complete with their sequential text; steps decoded several at once."""
+    prompts = [
+        "Write a poem about cats.",
+        "Write a poem about dogs.",
+        "Write a poem about rain.",
+        "Write a poem about ice.",
+    ]
+    alone: dict[str, str] = {}
+    for prompt in prompts:
+        _stream_chat(server.base_url, prompt, alone)
+    together: dict[str, str] = {}
+    threads = [
+        threading.Thread(target=_stream_chat, args=(server.base_url, p, together)) for p in prompts
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert together == alone
+    assert all(v.startswith("length:") for v in together.values()), together
+    singles = metric_value(server.base_url, 'serving_batch_size_steps_bucket{le="1.0"}')
+    total = metric_value(server.base_url, "serving_batch_size_steps_count")
+    assert total > singles
+
+
+def test_disconnect_mid_stream_removes_the_request(server: RankCluster) -> None:
+    """A client that leaves mid-stream has its request removed; a fresh request then completes."""
+    body = {"model": MODEL, "prompt": "Write a long story.", "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: {")
+            if seen >= 3:
+                break  # leaving the block closes the connection
+    wait_until(
+        lambda: metric_value(server.base_url, "serving_requests_running") == 0,
+        60,
+        "the abandoned request to leave the batch",
+    )
+    assert "(cancelled)" in server.log_text(0)
+    r2 = httpx.post(
+        f"{server.base_url}/v1/completions",
+        timeout=120,
+        json={"model": MODEL, "prompt": "Hi", "max_tokens": 4, "temperature": 0},
+    )
+    assert r2.status_code == 200 and r2.json()["usage"]["completion_tokens"] == 4
+
+
+def test_health_and_metrics(server: RankCluster) -> None:
+    """/health is 200 when ready; /metrics exposes the serving_* families."""
+    health = httpx.get(f"{server.base_url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ready"
+    text = httpx.get(f"{server.base_url}/metrics").text
+    for family in (
+        "serving_requests_running",
+        "serving_requests_waiting",
+        "serving_time_to_first_token_seconds_bucket",
+        "serving_inter_token_latency_seconds_bucket",
+        "serving_e2e_request_latency_seconds_bucket",
+        "serving_prompt_tokens_total",
+        "serving_generation_tokens_total",
+        "serving_step_duration_seconds_bucket",
+        "serving_step_comm_seconds_bucket",
+        "serving_batch_size",
+        "serving_steps_total",
+        "serving_last_step_timestamp_seconds",
+        "serving_requests_pending",
+    ):
+        assert family in text, family
+    assert metric_value(server.base_url, "serving_steps_total") > 0

@@ -1,0 +1,110 @@
+"""Unit tests of the rank program's pure parts (no processes, no model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from serving.cli import parse_settings
+from serving.distributed import DistributedEnvError, detect_env
+from serving.exit_codes import RankExit, describe_exit
+from serving.faults import Fault, FaultSpecError, parse_faults
+from serving.settings import RankSettings, SettingsError, dump_settings, load_settings
+from serving.step_plan import (
+    Insert,
+    PlanKind,
+    SamplingParams,
+    StepPlan,
+    decode_payload,
+    encode_payload,
+)
+from serving.worker import Desync, check_plan
+
+
+def test_exit_codes_are_distinct_and_clear_of_shell_codes() -> None:
+    """Every RankExit is unique, has a meaning, and avoids 1, 2 and 128+n."""
+    codes = [int(c) for c in RankExit]
+    assert len(codes) == len(set(codes))
+    assert all(c not in (1, 2) and c < 128 for c in codes)
+    assert all(c.meaning for c in RankExit)
+    assert describe_exit(RankExit.PEER_LOST).startswith("peer_lost")
+    assert describe_exit(-9) == "killed by signal 9"
+
+
+def test_settings_round_trip(tmp_path: Path) -> None:
+    """dump_settings then load_settings gives the same settings."""
+    settings = RankSettings(model="bundled:smollm2-135m-instruct", api_port=9000, launch_id="x")
+    dump_settings(settings, tmp_path / "s.json")
+    assert load_settings(tmp_path / "s.json") == settings
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"model": ""}',
+        '{"model": "m", "max_batch_size": 0}',
+        '{"model": "m", "bogus": 1}',
+        '{"model": "m", "max_tokens_default": 9, "max_tokens_limit": 4}',
+        "not json",
+    ],
+)
+def test_invalid_settings_file_is_rejected(tmp_path: Path, content: str) -> None:
+    """Invalid values, unknown fields and malformed JSON raise SettingsError."""
+    (tmp_path / "s.json").write_text(content)
+    with pytest.raises(SettingsError):
+        load_settings(tmp_path / "s.json")
+
+
+def test_cli_flags_override_settings_file(tmp_path: Path) -> None:
+    """--port overrides the file's api_port; --model alone is enough for development."""
+    dump_settings(RankSettings(model="m", api_port=9000), tmp_path / "s.json")
+    settings = parse_settings(["--settings", str(tmp_path / "s.json"), "--port", "9100"])
+    assert (settings.model, settings.api_port) == ("m", 9100)
+    assert parse_settings(["--model", "bundled:x"]).model == "bundled:x"
+    with pytest.raises(SettingsError):
+        parse_settings([])
+
+
+def test_detect_env_picks_backend() -> None:
+    """No env = single rank; MLX_HOSTFILE = ring; MLX_JACCL_COORDINATOR = jaccl."""
+    assert detect_env({}).backend is None
+    ring = detect_env({"MLX_RANK": "2", "MLX_HOSTFILE": "/h.json"})
+    assert (ring.backend, ring.rank) == ("ring", 2)
+    jaccl = {"MLX_RANK": "1", "MLX_JACCL_COORDINATOR": "10.0.0.1:5000", "MLX_IBV_DEVICES": "/d"}
+    assert detect_env(jaccl).backend == "jaccl"
+    for bad in (
+        {"MLX_RANK": "1"},
+        {"MLX_HOSTFILE": "/h"},
+        {"MLX_RANK": "x", "MLX_HOSTFILE": "/h"},
+        {"MLX_RANK": "0", "MLX_JACCL_COORDINATOR": "a:1"},
+    ):
+        with pytest.raises(DistributedEnvError):
+            detect_env(bad)
+
+
+def test_fault_syntax() -> None:
+    """Faults parse from ORCHESTRATOR_FAULT; malformed specs are rejected."""
+    faults = parse_faults("desync:rank=1:step=5,exit:rank=2:step=3:code=42,ebusy:rank=0")
+    assert faults == [Fault("desync", 1, 5), Fault("exit", 2, 3, 42), Fault("ebusy", 0)]
+    for bad in ("boom:rank=1", "exit:rank=1", "hang:step=3", "exit:rank=x:step=1"):
+        with pytest.raises(FaultSpecError):
+            parse_faults(bad)
+
+
+def test_plan_payload_round_trip() -> None:
+    """Inserts and removes survive msgpack; an unchanged batch has no payload at all."""
+    params = SamplingParams(0.7, 0.9, 40, 16, 1234)
+    plan = StepPlan(PlanKind.STEP, 3, 99, 7, [Insert("r1", [1, 2, 3], params)], [5])
+    payload = decode_payload(encode_payload(plan))
+    assert payload.inserts == plan.inserts and payload.removes == [5]
+    assert encode_payload(StepPlan(PlanKind.STEP, 4, 99, 7)) == b""
+
+
+def test_worker_checks_step_and_token_digest() -> None:
+    """A skipped step id or a different token digest is a desync."""
+    check_plan(StepPlan(PlanKind.STEP, 4, 0, 11), 4, 11)
+    with pytest.raises(Desync, match="step id"):
+        check_plan(StepPlan(PlanKind.STEP, 5, 0, 11), 4, 11)
+    with pytest.raises(Desync, match="token digest"):
+        check_plan(StepPlan(PlanKind.STEP, 4, 0, 12), 4, 11)
