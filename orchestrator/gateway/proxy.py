@@ -44,6 +44,30 @@ class ProxyResult(msgspec.Struct):
     rest: AsyncIterator[bytes] | None
 
 
+class _ErrorDetail(msgspec.Struct):
+    code: str | None = None
+
+
+class _ErrorEvent(msgspec.Struct):
+    error: _ErrorDetail
+
+
+# Rank 0's codes for "this gang is going away", as opposed to a problem with the request.
+_GANG_FAILURE_CODES = {"engine_error", "shutdown"}
+
+
+def _is_gang_failure_event(chunk: bytes) -> bool:
+    """True when a stream opens with rank 0's error event for a failing gang."""
+    head = chunk.split(b"\n\n", 1)[0]
+    if not head.startswith(b"data: {"):
+        return False
+    try:
+        event = msgspec.json.decode(head[len(b"data: ") :], type=_ErrorEvent)
+    except msgspec.DecodeError:
+        return False
+    return event.error.code in _GANG_FAILURE_CODES
+
+
 def wants_stream(body: bytes) -> bool:
     try:
         return msgspec.json.decode(body, type=StreamFlag).stream
@@ -116,6 +140,9 @@ class Proxy:
         if not stream:
             await response.aclose()
             return ProxyResult(response.status_code, result_headers, first, None)
+        if _is_gang_failure_event(first):
+            await response.aclose()
+            raise UpstreamLost("rank 0's engine failed before the stream's first token")
         return ProxyResult(
             response.status_code, result_headers, first, self._rest(response, chunks)
         )

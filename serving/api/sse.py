@@ -33,11 +33,14 @@ async def stream_events(
     """Format the engine's events as SSE chunks, ending with `data: [DONE]`.
 
     A failure mid-stream (timeout, shutdown) is sent as an error event so the client
-    sees why the stream ended.
+    sees why the stream ended. The opening chunk waits for the first generated event: a
+    stream whose engine failed before any token starts with the error, which tells the
+    orchestrator's gateway that it may resend the request to the next gang.
     """
-    if first is not None:
-        yield sse(first())
     async for event in admitted.events():
+        if first is not None and not isinstance(event, Failed):
+            yield sse(first())
+            first = None
         if isinstance(event, TextDelta):
             yield sse(delta(event.text))
         elif isinstance(event, Finished):

@@ -132,10 +132,11 @@ def _url(config: Path) -> str:
 
 
 def test_sigkill_worker_mid_stream(cluster_factory: Callable[..., Cluster]) -> None:
-    """kill -9 of a worker: the stream ends with an SSE error, a queued request completes."""
+    """kill -9 of a worker: the stream ends with an SSE error; queued requests complete."""
     cluster = cluster_factory()
     launch = cluster.status()["launch_id"]
     queued: list[httpx.Response] = []
+    queued_stream: list[list[str]] = []
     with httpx.stream(
         "POST",
         f"{cluster.url}/v1/completions",
@@ -145,19 +146,34 @@ def test_sigkill_worker_mid_stream(cluster_factory: Callable[..., Cluster]) -> N
         assert stream.status_code == 200, stream.read()
         lines = stream.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
-        waiter = threading.Thread(target=lambda: queued.append(cluster.complete()))
-        waiter.start()  # max_batch_size 1: it waits behind the stream, no token yet
-        time.sleep(1.0)
+        # max_batch_size 1: these wait behind the stream and have no token yet.
+        waiters = [
+            threading.Thread(target=lambda: queued.append(cluster.complete())),
+            threading.Thread(target=lambda: queued_stream.append(stream_lines(cluster))),
+        ]
+        for waiter in waiters:
+            waiter.start()
+        time.sleep(1.5)
         os.kill(cluster.rank_pid(1), signal.SIGKILL)
         rest = [line for line in lines if line.startswith("data:")]
     assert '"error"' in rest[-2] and rest[-1] == "data: [DONE]"
-    waiter.join(180)
+    for waiter in waiters:
+        waiter.join(180)
     assert queued and queued[0].status_code == 200, queued and queued[0].text
+    (events,) = queued_stream
+    assert events[-1] == "data: [DONE]" and not any('"error"' in event for event in events)
+    assert len(events) >= 4, events  # the tokens of max_tokens=4, resent to the new gang
     status = cluster.wait_ready_after(launch)
     assert "rank_crashed: rank 1 on b: SIGKILL" in status["last_cause"]
     assert cluster.metric("orchestrator_restarts_total", cause="rank_crashed") == 1
     assert cluster.metric("orchestrator_requests_retried_total") >= 1
     assert wait_no_launch(launch) == []
+
+
+def stream_lines(cluster: Cluster) -> list[str]:
+    body = {"model": "tiny", "prompt": "Hey", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{cluster.url}/v1/completions", timeout=120, json=body) as stream:
+        return [line for line in stream.iter_lines() if line.startswith("data:")]
 
 
 def test_injected_desync(cluster_factory: Callable[..., Cluster]) -> None:
