@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return RankExit.CONFIG_ERROR
     launch_id = settings.launch_id or os.environ.get("MLX_LAUNCH_ID") or "dev"
     setup_logging(env.rank, launch_id, settings.log_level)
+    if sys.platform == "darwin":  # Linux ranks die with their agent by PR_SET_PDEATHSIG
+        from node_agent.parent_watch import watch_agent  # deployed beside serving
+
+        watch_agent()
     try:
         faults = FaultPlan.from_env(env.rank)
     except FaultSpecError as exc:
