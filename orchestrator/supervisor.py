@@ -1,9 +1,10 @@
 """Launches the gang, watches it, and restarts the whole gang when any part of it fails.
 
     launch ──▶ wait for rank 0 healthy ──▶ ready: watch exits, lost agents, progress
-       ▲                                          │ first failure (+ a short settle to
-       │                                          ▼ see its echoes), root cause picked
-    backoff (+ cause cool-down) ◀── stop every rank, confirm none left ──▶ budget spent: failed
+       ▲                                          │ first failure
+       │                                          ▼
+    backoff (+ cause cool-down) ◀── stop every rank, confirm none left, ──▶ budget spent: failed
+                                    root cause among the reports so far
 
 A failed cluster keeps the orchestrator (and its 503s) up until `orchestrator restart`
 (SIGHUP) resets the budget, or a stop request ends it.
@@ -37,7 +38,7 @@ from orchestrator.transports import AgentExit
 log = logging.getLogger(__name__)
 rank_log = logging.getLogger("rank")
 
-SETTLE_S = 0.5  # after a first failure, how long its echoes (peer_lost) may take to arrive
+FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that already failed
 WATCH_S = 1.0
 
 
@@ -240,11 +241,10 @@ class Supervisor:
         results = [r for r in (task.result() for task in done) if isinstance(r, RankFailure)]
         if not results or self._stop.is_set():
             return None
-        return await self._settle(results[0])
+        return results[0]
 
-    async def _settle(self, first: RankFailure) -> RankFailure:
-        """Wait briefly for the failure's echoes, then pick the root cause."""
-        await asyncio.sleep(SETTLE_S)
+    def _root_cause(self, first: RankFailure) -> RankFailure:
+        """Among the first failure and its echoes (collected while the gang stopped)."""
         failures = [first, *self._drain_failures()]
         root = root_cause(failures)
         for echo in failures:
@@ -258,11 +258,14 @@ class Supervisor:
             drained.append(self._failures.get_nowait())
         return drained
 
-    async def _recover(self, failure: RankFailure) -> bool:
+    async def _recover(self, first: RankFailure) -> bool:
         """Stop the gang, then wait out the backoff; False if the orchestrator should stop."""
-        self.last_failure = failure
+        self.machine.to(GangState.RESTARTING, first.summary())
+        # A gang that lost a rank has nothing left to drain: a short grace, then SIGKILL.
+        # Its other ranks' reports (peer_lost echoes) arrive while it stops.
+        await self._stop_gang(FAILED_GANG_GRACE_S)
+        failure = self.last_failure = self._root_cause(first)
         self.machine.to(GangState.RESTARTING, failure.summary())
-        await self._stop_gang()
         if self.policy.budget_exhausted():
             return await self._wait_while_failed(failure)
         delay = self.policy.next_delay(failure.cause)
@@ -298,11 +301,13 @@ class Supervisor:
             return False
         return True
 
-    async def _stop_gang(self) -> None:
+    async def _stop_gang(self, grace_s: float | None = None) -> None:
         gang = self.gang
         if gang is None:
             return
-        await gang.stop(0.0 if self._force else self.spec.supervisor.stop_grace_s)
+        if grace_s is None:
+            grace_s = self.spec.supervisor.stop_grace_s
+        await gang.stop(0.0 if self._force else grace_s)
         leftovers = await gang.leftovers()
         if leftovers:
             log.error("ranks still running after stop: %s; killing", ", ".join(leftovers))

@@ -1,0 +1,653 @@
+"""Benchmark: how fast the supervisor recovers from kill -9 of a worker rank.
+
+Starts a real `orchestrator up` (N local ranks over ring, the demo cluster by default),
+then per run: with the cluster ready and warm (two requests served), SIGKILLs rank 1 and
+times, from the kill,
+
+    detected    the supervisor's `failure: ...` log line, timestamped here as it arrives
+                on the orchestrator's stderr (the log's own timestamps have 1 s resolution)
+    restarting  `state ready -> restarting`; /health 503 as polled
+    stopped     `relaunching in ...`: gang stopped, orchestrator_restarts_total incremented
+    launching   `launching N ranks`: backoff over
+    joined      every rank printed `rank R of N`: process start + imports + ring init
+    loaded      every rank printed `loaded ... in X s` (X: its model load time)
+    ready       `state launching -> ready` (the supervisor polls rank 0 every 0.5 s)
+    served      a request (max_tokens 2, temperature 0) sent right after the kill, so it
+                reaches the dying gang and must be resent, completes with 200; and a
+                request sent once /health says restarting (held by the gateway), resent
+                until it gets a 200
+
+Next to it: the model load time (slowest rank's `loaded ... in X s`), the launch
+duration (`orchestrator_launch_duration_seconds`), and a request's latency on the warm
+gang. Targets (issue 6): detected within 1 s; served within load time + 3 s.
+The orchestrator's output goes to bench/results/recovery-<ts>.log, figures to .json.
+
+Supervisor settings are the defaults except: `backoff_reset_after_s` 1 s (so every run
+pays the first-failure backoff, not a doubled one; the bench waits 3 s after each
+recovery) and `max_restarts` runs + 2 (so the budget never ends the benchmark).
+
+    .venv/bin/python bench/recovery.py [--model bundled:smollm2-135m-instruct|PATH]
+                                       [--ranks 3] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import tomli_w
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+KILLED_RANK = 1
+HEALTH_POLL_S = 0.1
+RESET_AFTER_S = 1.0
+WATCH_S = 1.0  # supervisor.WATCH_S: how often note_ready (the backoff reset) runs
+RUN_TIMEOUT_S = 600.0
+
+FAILURE = re.compile(r"failure: (.*)")
+STATE = re.compile(r"state (\w+) -> (\w+)")
+RELAUNCH = re.compile(r"relaunching in ([\d.]+) s")
+LAUNCHING = re.compile(r"launching (\d+) ranks, launch (\S+)")
+RANK_LINE = re.compile(r"\[\S+ r(\d+)\] (.*)")
+JOINED = re.compile(r"\brank \d+ of \d+ \(backend")
+LOADED = re.compile(r"\bloaded .* in ([\d.]+) s")
+
+
+# ── the orchestrator under test ──
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def free_port_block(count: int) -> int:
+    """A base port whose next `count` ports are all free right now."""
+    for _ in range(50):
+        base = free_port()
+        if base + count < 65535 and all(_is_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def write_cluster(tmp: Path, model: str, ranks: int, runs: int) -> tuple[Path, dict[str, Any]]:
+    """The demo cluster (N local ranks over ring) on free ports; returns (path, supervisor)."""
+    supervisor = {"backoff_reset_after_s": RESET_AFTER_S, "max_restarts": runs + 2}
+    data = {
+        "cluster": {
+            "name": "recovery-bench",
+            "backend": "ring",
+            "state_dir": str(tmp / "state"),
+            "rank_port": free_port_block(ranks),
+        },
+        "model": {"path": model},
+        "api": {"host": "127.0.0.1", "port": free_port()},
+        "serving": {"rank_api_port": free_port()},
+        "supervisor": supervisor,
+        "nodes": [
+            {"name": f"rank{i}", "transport": "local", "ip": "127.0.0.1"} for i in range(ranks)
+        ],
+    }
+    path = tmp / "cluster.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path, supervisor
+
+
+class Orchestrator:
+    """`orchestrator up` in its own session; every output line kept with its arrival time."""
+
+    def __init__(self, config: Path, url: str) -> None:
+        self.url = url
+        self.started = time.monotonic()
+        self.lines: list[tuple[float, str]] = []
+        self.launch_ids: set[str] = set()
+        self.descendants: set[int] = set()
+        self.http = httpx.Client(timeout=10)  # one client: a new one per poll costs CPU
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "up", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+            if match := LAUNCHING.search(line):
+                self.launch_ids.add(match.group(2))
+
+    def since(self, t0: float) -> list[tuple[float, str]]:
+        return [(t, line) for t, line in list(self.lines) if t >= t0]
+
+    def save_output(self, path: Path) -> None:
+        """Its whole output, each line prefixed with seconds since it was started."""
+        path.write_text("".join(f"+{t - self.started:9.3f} {line}\n" for t, line in self.lines))
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(line for _t, line in self.lines[-n:])
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.http.get(f"{self.url}/status").json())
+
+    def metrics(self) -> dict[str, float]:
+        """orchestrator_* samples by name{labels}."""
+        text = self.http.get(f"{self.url}/metrics").text
+        values = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return values
+
+    def wait_ready(self, not_launch: str = "", timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
+        """Wait for state ready under a launch id other than not_launch; returns the status."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"orchestrator exited {self.process.returncode}:\n{self.tail()}")
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                status = self.status()
+                if status["state"] == "ready" and status["launch_id"] != not_launch:
+                    self.remember_descendants()
+                    return status
+            time.sleep(0.25)
+        raise RuntimeError(f"not ready within {timeout_s:g} s:\n{self.tail()}")
+
+    def remember_descendants(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            children = psutil.Process(self.process.pid).children(recursive=True)
+            self.descendants |= {child.pid for child in children}
+
+    def stop(self) -> list[int]:
+        """SIGTERM (then SIGKILL to its session); returns PIDs of ours that had to be killed."""
+        self.http.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        leftovers = _alive(self.descendants) | set(launch_processes(self.launch_ids))
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return sorted(leftovers)
+
+
+def _alive(pids: set[int]) -> set[int]:
+    living = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                living.add(pid)
+    return living
+
+
+def launch_processes(launch_ids: set[str]) -> list[int]:
+    """PIDs of live processes carrying one of these launch ids in their environment."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if (
+                process.environ().get("MLX_LAUNCH_ID") in launch_ids
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(process.pid)
+    return found
+
+
+class HealthWatch:
+    """Polls the gateway's /health; keeps each change of its status code with its time."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.changes: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.is_set():
+                try:
+                    code = client.get(f"{self.url}/health").status_code
+                except httpx.HTTPError:
+                    code = 0
+                if not self.changes or self.changes[-1][1] != code:
+                    self.changes.append((time.monotonic(), code))
+                self._stop.wait(HEALTH_POLL_S)
+
+    def first(self, after: float, ok: bool) -> float | None:
+        return next((t for t, code in self.changes if t >= after and (code == 200) == ok), None)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# ── one run ──
+
+
+@dataclass
+class Run:
+    launch_before: str = ""
+    launch_after: str = ""
+    killed_pid: int = 0
+    cause: str = ""
+    restarts_delta: float = 0.0
+    backoff_s: float | None = None
+    warm_request_s: float = 0.0  # a request's latency on the warm gang, before the kill
+    load_s: dict[int, float] = field(default_factory=dict)  # rank -> `loaded in X s`
+    launch_duration_s: float | None = None  # histogram delta: this relaunch
+    recovery_metric_s: float | None = None  # orchestrator_recovery_seconds delta
+    held_status: str = ""
+    retry_attempts: list[tuple[float, float, str]] = field(default_factory=list)  # sent, done
+    t: dict[str, float] = field(default_factory=dict)  # milestone -> seconds after the kill
+
+
+def complete(url: str, model: str, timeout_s: float) -> int:
+    response = httpx.post(
+        f"{url}/v1/completions",
+        timeout=timeout_s,
+        json={"model": model, "prompt": "Hello", "max_tokens": 2, "temperature": 0},
+    )
+    return response.status_code
+
+
+def attempt(url: str, model: str, timeout_s: float) -> str:
+    """One request's outcome: its status code, or the client error's name."""
+    try:
+        return str(complete(url, model, timeout_s))
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+
+
+def held_request(url: str, model: str, t_kill: float, run: Run, _health: HealthWatch) -> None:
+    """Sent right after the kill, so it reaches the dying gang: the gateway must resend it."""
+    run.held_status = attempt(url, model, RUN_TIMEOUT_S)
+    if run.held_status == "200":
+        run.t["served_held"] = time.monotonic() - t_kill
+
+
+def retry_client(url: str, model: str, t_kill: float, run: Run, health: HealthWatch) -> None:
+    """Starts once /health says restarting (the gateway holds it); resends until a 200."""
+    deadline = t_kill + RUN_TIMEOUT_S
+    while health.first(t_kill, ok=False) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    while time.monotonic() < deadline:
+        sent = time.monotonic() - t_kill
+        outcome = attempt(url, model, RUN_TIMEOUT_S)
+        done = time.monotonic() - t_kill
+        run.retry_attempts.append((round(sent, 3), round(done, 3), outcome))
+        if outcome == "200":
+            run.t["served_retry"] = done
+            return
+        time.sleep(0.2)
+
+
+def warm_up(url: str, model: str) -> float:
+    """Two requests, so the kill hits a gang that serves; returns the second one's latency."""
+    for _ in range(2):
+        started = time.monotonic()
+        if (outcome := attempt(url, model, RUN_TIMEOUT_S)) != "200":
+            raise RuntimeError(f"warm-up request failed: {outcome}")
+    return time.monotonic() - started
+
+
+def one_run(orch: Orchestrator, health: HealthWatch, model: str, ranks: int) -> Run:
+    status = orch.wait_ready()
+    warm_s = warm_up(orch.url, model)
+    time.sleep(RESET_AFTER_S + 2 * WATCH_S)  # let the backoff reset (note_ready) run
+    status, before = orch.status(), orch.metrics()
+    run = Run(
+        launch_before=status["launch_id"],
+        warm_request_s=warm_s,
+        killed_pid=int(status["ranks"][KILLED_RANK]["pid"]),
+    )
+    if launch_processes({run.launch_before}).count(run.killed_pid) != 1:
+        raise RuntimeError(f"pid {run.killed_pid} is not a rank of launch {run.launch_before}")
+    t_kill = time.monotonic()
+    os.kill(run.killed_pid, signal.SIGKILL)
+    clients = [
+        threading.Thread(target=f, args=(orch.url, model, t_kill, run, health), daemon=True)
+        for f in (held_request, retry_client)
+    ]
+    for client in clients:
+        client.start()
+    after = orch.wait_ready(not_launch=run.launch_before)
+    for client in clients:
+        client.join(RUN_TIMEOUT_S)
+    run.launch_after, run.cause = after["launch_id"], after["last_cause"]
+    _read_milestones(run, orch.since(t_kill), t_kill, ranks)
+    if (down := health.first(t_kill, ok=False)) is not None:
+        run.t["health_503"] = down - t_kill
+        if (up := health.first(down, ok=True)) is not None:
+            run.t["health_200"] = up - t_kill
+    _metric_deltas(run, before, orch.metrics())
+    return run
+
+
+def _read_milestones(run: Run, lines: list[tuple[float, str]], t_kill: float, ranks: int) -> None:
+    joined: dict[int, float] = {}
+    loaded: dict[int, float] = {}
+
+    def mark(name: str, t: float) -> None:
+        run.t.setdefault(name, t - t_kill)
+
+    for t, line in lines:
+        if FAILURE.search(line):
+            mark("detected", t)
+        elif (state := STATE.search(line)) and state.group(2) in ("restarting", "ready"):
+            mark(state.group(2), t)
+        elif relaunch := RELAUNCH.search(line):
+            mark("stopped", t)
+            run.backoff_s = float(relaunch.group(1))
+        elif LAUNCHING.search(line):
+            mark("launching", t)
+        elif (rank_line := RANK_LINE.search(line)) and run.launch_after in line:
+            rank, text = int(rank_line.group(1)), rank_line.group(2)
+            if JOINED.search(text):
+                joined.setdefault(rank, t)
+            elif load := LOADED.search(text):
+                loaded.setdefault(rank, t)
+                run.load_s[rank] = float(load.group(1))
+    if len(joined) == ranks:
+        mark("joined", max(joined.values()))
+    if len(loaded) == ranks:
+        mark("loaded", max(loaded.values()))
+
+
+def _metric_deltas(run: Run, before: dict[str, float], after: dict[str, float]) -> None:
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    run.restarts_delta = sum(
+        after[k] - before.get(k, 0.0) for k in after if k.startswith("orchestrator_restarts_total")
+    )
+    for attr, hist in (
+        ("launch_duration_s", "orchestrator_launch_duration_seconds"),
+        ("recovery_metric_s", "orchestrator_recovery_seconds"),
+    ):
+        if delta(f"{hist}_count") == 1:
+            setattr(run, attr, delta(f"{hist}_sum"))
+
+
+# ── report ──
+
+ROWS = [  # (label, key in Run.t or a Run attribute); all in seconds
+    ("kill -> failure detected (log line)", "detected"),
+    ("kill -> state restarting", "restarting"),
+    ("kill -> /health 503 (polled every 0.1 s)", "health_503"),
+    ("kill -> gang stopped, restart counted", "stopped"),
+    ("kill -> relaunch (backoff over)", "launching"),
+    ("kill -> all ranks joined (init)", "joined"),
+    ("kill -> all ranks loaded", "loaded"),
+    ("kill -> state ready", "ready"),
+    ("kill -> /health 200", "health_200"),
+    ("kill -> request sent at kill: 200", "served_held"),
+    ("kill -> request sent in restart: 200", "served_retry"),
+    ("warm request latency before the kill", "warm_request_s"),
+    ("model load, slowest rank", "load"),
+    ("launch duration (histogram)", "launch_duration_s"),
+    ("recovery (histogram: detected->ready)", "recovery_metric_s"),
+]
+
+
+def value(run: Run, key: str) -> float | None:
+    if key == "load":
+        return max(run.load_s.values()) if run.load_s else None
+    if key in run.t:
+        return run.t[key]
+    attr = getattr(run, key, None)
+    return attr if isinstance(attr, float) else None
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
+    summary = {}
+    for _label, key in ROWS:
+        values = [v for run in runs if (v := value(run, key)) is not None]
+        if values:
+            summary[key] = {**spread(values), "n": len(values)}
+    return summary
+
+
+def targets(runs: list[Run]) -> dict[str, str]:
+    """The issue's targets, as passed/total runs."""
+
+    def passed(key: str, limit: Any) -> str:
+        ok = sum(
+            1
+            for run in runs
+            if key in run.t and (bound := limit(run)) is not None and run.t[key] <= bound
+        )
+        return f"{ok}/{len(runs)} runs"
+
+    def load_plus_3(run: Run) -> float | None:
+        load = value(run, "load")
+        return None if load is None else load + 3.0
+
+    def load_plus_3_plus_request(run: Run) -> float | None:
+        bound = load_plus_3(run)
+        return None if bound is None else bound + run.warm_request_s
+
+    return {
+        "detected within 1 s": passed("detected", lambda run: 1.0),
+        "served within load + 3 s (request sent at kill)": passed("served_held", load_plus_3),
+        "served within load + 3 s + a warm request's latency": passed(
+            "served_held", load_plus_3_plus_request
+        ),
+        "state ready within load + 3 s (supervisor's part)": passed("ready", load_plus_3),
+    }
+
+
+PHASES = [  # (label, milestone that ends it); each phase starts at the previous milestone
+    ("detect (exit event reaches the supervisor)", "detected"),
+    ("detected -> restarting", "restarting"),
+    ("stop gang (SIGTERM, grace, SIGKILL)", "stopped"),
+    ("backoff", "launching"),
+    ("spawn + imports + ring init", "joined"),
+    ("model load + barrier", "loaded"),
+    ("rank 0 API up + ready poll", "ready"),
+    ("first request on the new gang", "served_held"),
+]
+
+
+def phases(runs: list[Run]) -> list[tuple[str, float]]:
+    """Where the recovery goes: each phase's median duration over the runs."""
+    durations: dict[str, list[float]] = {}
+    for run in runs:
+        previous = 0.0
+        for label, key in PHASES:
+            if key in run.t:
+                durations.setdefault(label, []).append(run.t[key] - previous)
+                previous = run.t[key]
+    return [
+        (label, statistics.median(durations[label])) for label, _key in PHASES if label in durations
+    ]
+
+
+def print_report(runs: list[Run], summary: dict[str, Any], initial: dict[str, Any]) -> None:
+    print(f"\n{len(runs)} runs; seconds (min / median / max)")
+    print(f"{'':44} {'min':>7} {'median':>7} {'max':>7}")
+    for label, key in ROWS:
+        if key in summary:
+            s = summary[key]
+            print(f"{label:44} {s['min']:7.2f} {s['median']:7.2f} {s['max']:7.2f}")
+    print("\nmedian recovery by phase:")
+    for label, seconds in phases(runs):
+        print(f"  {label:44} {seconds:6.2f}")
+    print(
+        f"\ninitial launch: load {initial.get('load_s')} s per rank, "
+        f"launch duration {initial.get('launch_duration_s')} s"
+    )
+    for name, verdict in targets(runs).items():
+        print(f"target {name}: {verdict}")
+
+
+# ── main ──
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bundled:smollm2-135m-instruct")
+    parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    if args.ranks < 2:
+        parser.error("--ranks must be at least 2 (rank 1 is the one killed)")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
+    with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
+        config, supervisor = write_cluster(Path(tmp), args.model, args.ranks, args.runs)
+        api = tomllib.loads(config.read_text())["api"]
+        try:
+            return bench(args, config, supervisor, f"http://{api['host']}:{api['port']}")
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+
+def bench(args: argparse.Namespace, config: Path, supervisor: dict[str, Any], url: str) -> int:
+    orch = Orchestrator(config, url)
+    health = HealthWatch(url)
+    runs: list[Run] = []
+    initial: dict[str, Any] = {}
+    try:
+        t0 = time.monotonic()
+        status = orch.wait_ready()
+        initial = _initial_launch(orch, status["launch_id"], time.monotonic() - t0)
+        print(
+            f"ready in {initial['up_s']:.1f} s (launch {status['launch_id']}); "
+            f"model {status['model']}",
+            flush=True,
+        )
+        for i in range(args.runs):
+            run = one_run(orch, health, status["model"], args.ranks)
+            runs.append(run)
+            print(
+                f"run {i + 1}: detected {run.t.get('detected', float('nan')):.2f} s, "
+                f"ready {run.t.get('ready', float('nan')):.2f} s, served "
+                f"{run.t.get('served_held', float('nan')):.2f} s (load "
+                f"{value(run, 'load') or float('nan'):.2f} s); {run.cause}",
+                flush=True,
+            )
+    except Exception:
+        print("orchestrator output (last 60 lines):\n" + orch.tail(), file=sys.stderr)
+        raise
+    finally:
+        health.close()
+        # A second Ctrl-C must not cut the cleanup short and leave ranks behind.
+        stops = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in stops}
+        killed = orch.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        left = launch_processes(orch.launch_ids)
+        print(
+            f"orchestrator stopped (exit {orch.process.returncode}); "
+            f"processes killed after stop: {killed or 'none'}; "
+            f"left with its launch ids: {left or 'none'}",
+            flush=True,
+        )
+        out = REPO / "bench" / "results" / f"recovery-{time.strftime('%Y%m%dT%H%M%S')}"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        orch.save_output(out.with_suffix(".log"))
+        if runs:
+            _write(out.with_suffix(".json"), args, supervisor, runs, initial, killed, left)
+        print(f"orchestrator output: {out.with_suffix('.log')}")
+    return 0
+
+
+def _initial_launch(orch: Orchestrator, launch_id: str, up_s: float) -> dict[str, Any]:
+    load = {
+        int(rank.group(1)): float(loaded.group(1))
+        for _t, line in orch.lines
+        if launch_id in line
+        and (rank := RANK_LINE.search(line))
+        and (loaded := LOADED.search(rank.group(2)))
+    }
+    metrics = orch.metrics()
+    count = metrics.get("orchestrator_launch_duration_seconds_count", 0.0)
+    total = metrics.get("orchestrator_launch_duration_seconds_sum", 0.0)
+    duration = total / count if count else None
+    return {"up_s": up_s, "load_s": load, "launch_duration_s": duration}
+
+
+def _write(
+    out: Path,
+    args: argparse.Namespace,
+    supervisor: dict[str, Any],
+    runs: list[Run],
+    initial: dict[str, Any],
+    killed: list[int],
+    left: list[int],
+) -> None:
+    summary = summarize(runs)
+    print_report(runs, summary, initial)
+    meta = {
+        "model": args.model,
+        "ranks": args.ranks,
+        "runs": args.runs,
+        "killed_rank": KILLED_RANK,
+        "supervisor_overrides": supervisor,
+        "health_poll_s": HEALTH_POLL_S,
+        "max_tokens": 2,
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+    }
+    out.write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "initial_launch": initial,
+                "summary": summary,
+                "phases_median": phases(runs),
+                "targets": targets(runs),
+                "runs": [asdict(run) for run in runs],
+                "cleanup": {"killed_after_stop": killed, "left": left},
+            },
+            indent=2,
+        )
+    )
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
