@@ -61,7 +61,9 @@ class ServingSection(Section):
     max_batch_size: PositiveInt = 8
     max_tokens_default: PositiveInt = 512
     max_tokens_limit: PositiveInt = 4096
-    keepalive_s: PositiveSeconds = 5.0
+    # Idle workers sleep most of this between keepalives (MLX's ring busy-polls in a
+    # collective), so it bounds the first request's extra wait after an idle spell.
+    keepalive_s: PositiveSeconds = 0.5
     request_timeout_s: PositiveSeconds = 600.0
     queue_limit: PositiveInt = 64
     # Rank 0's internal OpenAI API, on rank 0's node ip; the gateway proxies to it.

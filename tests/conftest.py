@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import psutil
 import pytest
 
@@ -16,10 +18,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     names = ", ".join(f"{child.pid} {' '.join(_cmdline(child))[:120]}" for child in leftovers)
     for child in leftovers:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
     print(f"\nERROR: processes left behind by the tests (now killed): {names}")
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
