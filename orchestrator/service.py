@@ -109,8 +109,6 @@ class Service:
             log.error("cannot reach node %s (%s): %s", error.node, error.kind, error.message)
         if errors:
             return False
-        for name in pool.nodes:
-            self.metrics.node_up.labels(node=name).set(1)
         if previous is not None:  # a crashed run's ranks, recorded before we overwrote its file
             await end_stale_ranks(pool, previous.ranks)
         self.machine.to(GangState.PREFLIGHT)

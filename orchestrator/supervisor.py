@@ -188,7 +188,10 @@ class Supervisor:
         return await self._first_of(self._watch_progress(), self._failures.get())
 
     async def _launch(self) -> RankFailure | None:
-        for error in await self.pool.connect_all():
+        errors = await self.pool.connect_all()
+        for name, node in self.pool.nodes.items():
+            self.metrics.node_up.labels(node=name).set(1 if node.connected else 0)
+        for error in errors:
             return RankFailure(Cause.AGENT_LOST, error.node, None, error.message, self._clock())
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())

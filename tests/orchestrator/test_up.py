@@ -94,7 +94,15 @@ def test_status_shows_three_ready_ranks(smollm_cluster: Cluster) -> None:
 def test_metrics_has_both_families(smollm_cluster: Cluster) -> None:
     """/metrics parses and carries orchestrator_* and rank 0's serving_* families."""
     text = httpx.get(f"{smollm_cluster.url}/metrics", timeout=10).text
-    names = {family.name for family in text_string_to_metric_families(text)}
+    families = list(text_string_to_metric_families(text))
+    names = {family.name for family in families}
+    node_up = {
+        s.labels["node"]: s.value
+        for f in families
+        if f.name == "orchestrator_node_up"
+        for s in f.samples
+    }
+    assert node_up == {"r0": 1.0, "r1": 1.0, "r2": 1.0}
     assert {"orchestrator_state", "orchestrator_rank_up", "orchestrator_restarts"} <= names
     assert {"serving_requests_running", "serving_batch_size", "serving_steps"} <= names
 
