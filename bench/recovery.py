@@ -38,7 +38,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,10 @@ import tomli_w
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.orchestrator.orchestrator_process import free_port, free_port_block  # noqa: E402
+
 KILLED_RANK = 1
 HEALTH_POLL_S = 0.1
 RESET_AFTER_S = 1.0
@@ -72,30 +75,6 @@ LOADED = re.compile(r"\bloaded .* in ([\d.]+) s")
 
 
 # ── the orchestrator under test ──
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def free_port_block(count: int) -> int:
-    """A base port whose next `count` ports are all free right now."""
-    for _ in range(50):
-        base = free_port()
-        if base + count < 65535 and all(_is_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def write_cluster(tmp: Path, model: str, ranks: int, runs: int) -> tuple[Path, dict[str, Any]]:
