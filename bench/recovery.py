@@ -57,7 +57,13 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.orchestrator.orchestrator_process import free_port, free_port_block  # noqa: E402
+from tests.orchestrator.orchestrator_process import (  # noqa: E402
+    alive,
+    end_session,
+    free_port,
+    free_port_block,
+    launch_processes,
+)
 
 KILLED_RANK = 1
 HEALTH_POLL_S = 0.1
@@ -173,41 +179,12 @@ class Orchestrator:
     def stop(self) -> list[int]:
         """SIGTERM (then SIGKILL to its session); returns PIDs of ours that had to be killed."""
         self.http.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        leftovers = _alive(self.descendants) | set(launch_processes(self.launch_ids))
+        end_session(self.process)
+        leftovers = alive(self.descendants) | set(launch_processes(*self.launch_ids))
         for pid in leftovers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return sorted(leftovers)
-
-
-def _alive(pids: set[int]) -> set[int]:
-    living = set()
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                living.add(pid)
-    return living
-
-
-def launch_processes(launch_ids: set[str]) -> list[int]:
-    """PIDs of live processes carrying one of these launch ids in their environment."""
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if (
-                process.environ().get("MLX_LAUNCH_ID") in launch_ids
-                and process.status() != psutil.STATUS_ZOMBIE
-            ):
-                found.append(process.pid)
-    return found
 
 
 class HealthWatch:
@@ -316,7 +293,7 @@ def one_run(orch: Orchestrator, health: HealthWatch, model: str, ranks: int) -> 
         warm_request_s=warm_s,
         killed_pid=int(status["ranks"][KILLED_RANK]["pid"]),
     )
-    if launch_processes({run.launch_before}).count(run.killed_pid) != 1:
+    if launch_processes(run.launch_before).count(run.killed_pid) != 1:
         raise RuntimeError(f"pid {run.killed_pid} is not a rank of launch {run.launch_before}")
     t_kill = time.monotonic()
     os.kill(run.killed_pid, signal.SIGKILL)
@@ -557,7 +534,7 @@ def bench(args: argparse.Namespace, config: Path, supervisor: dict[str, Any], ur
         killed = orch.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        left = launch_processes(orch.launch_ids)
+        left = launch_processes(*orch.launch_ids)
         print(
             f"orchestrator stopped (exit {orch.process.returncode}); "
             f"processes killed after stop: {killed or 'none'}; "

@@ -16,13 +16,13 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import uvicorn
 
+from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.gang import Gang
 from orchestrator.gang_state import GangState, StateMachine
@@ -133,7 +133,7 @@ class Service:
 
     async def _busy_ports(self, pool: NodePool) -> dict[str, list[str]]:
         busy: dict[str, list[str]] = {}
-        if _port_in_use(self.spec.api.host, self.spec.api.port):
+        if ports_in_use(self.spec.api.host, [self.spec.api.port]):
             busy["orchestrator"] = [f"{self.spec.api.host}:{self.spec.api.port} (api.port)"]
         listeners = [
             (node, node.rank_ip, self.spec.cluster.rank_port + rank)
@@ -233,14 +233,3 @@ class Service:
         self._shutdown.set()
         if self._signals > 1:
             self._force.set()
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # As servers do: connections of an earlier run in TIME_WAIT do not block a new listener.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False

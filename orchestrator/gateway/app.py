@@ -38,7 +38,6 @@ class Gateway:
     view: ClusterView
     metrics: OrchestratorMetrics
     api_key: str | None
-    request_timeout_s: float
     proxy: Proxy | None = None
 
 
@@ -128,7 +127,7 @@ def create_app(
     api_key: str | None,
     request_timeout_s: float,
 ) -> Litestar:
-    gateway = Gateway(view, metrics, api_key, request_timeout_s)
+    gateway = Gateway(view, metrics, api_key)
 
     @asynccontextmanager
     async def open_proxy(_: Litestar) -> AsyncIterator[None]:

@@ -122,16 +122,22 @@ class Orchestrator:
         return code
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL to its session; then make sure nothing it started lives on."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        """End its session; then make sure nothing it started lives on."""
+        end_session(self.process)
         kill_all(self.descendants)
+
+
+def end_session(process: subprocess.Popen[str]) -> None:
+    """SIGTERM to an orchestrator; SIGKILL to its whole session if it has not exited in 60 s."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
 
 
 def alive(pids: set[int]) -> set[int]:
@@ -150,12 +156,15 @@ def wait_gone(pids: set[int], timeout_s: float = 30.0) -> set[int]:
     return alive(pids)
 
 
-def launch_processes(launch_id: str) -> list[int]:
-    """PIDs of the processes carrying this launch id in their environment (its ranks)."""
+def launch_processes(*launch_ids: str) -> list[int]:
+    """PIDs of live processes carrying one of these launch ids in their environment (ranks)."""
     found = []
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if process.environ().get("MLX_LAUNCH_ID") == launch_id:
+            if (
+                process.environ().get("MLX_LAUNCH_ID") in launch_ids
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(process.pid)
     return found
 
