@@ -55,7 +55,7 @@ class MirroredBatch:
             prefill_batch_size=min(max_batch_size, 8),
             prefill_step_size=prefill_step_size,
         )
-        self.active: set[int] = set()
+        self.active: dict[int, None] = {}  # live uids, in insertion order
         # Prefix cache of finished sequences' KV (this rank's shard). Bounded by entry
         # count only: byte sizes can differ between ranks, eviction must not.
         self.prompt_cache = (
@@ -72,7 +72,8 @@ class MirroredBatch:
         live_removes = [uid for uid in removes if uid in self.active]
         if live_removes:
             self.generator.remove(live_removes)
-            self.active.difference_update(live_removes)
+            for uid in live_removes:
+                del self.active[uid]
         if not inserts:
             return []
         reuse = [self._reuse(ins.prompt) for ins in inserts]
@@ -84,7 +85,7 @@ class MirroredBatch:
             all_tokens=[done for _, _, done in reuse],
             samplers=[make_request_sampler(ins.params, self.vocab_size) for ins in inserts],
         )
-        self.active.update(uids)
+        self.active.update(dict.fromkeys(uids))
         return uids
 
     def _reuse(self, prompt: list[int]) -> tuple[list[Any] | None, list[int], list[int]]:
@@ -104,15 +105,12 @@ class MirroredBatch:
         return cache, rest, done
 
     def fingerprint(self, perturb: bool = False) -> int:
-        """Digest of the batch composition: uids per stage, in order."""
-        gen = self.generator
-        parts = [
-            *gen._generation_batch.uids,
-            -1,
-            *gen._prompt_batch.uids,
-            -1,
-            *(seq[0] for seq in gen._unprocessed_sequences),
-        ]
+        """Digest of the batch composition: the live uids in insertion order.
+
+        Kept from our own bookkeeping, not BatchGenerator internals; a divergence inside
+        the generator shows up in the next plan's token digest instead.
+        """
+        parts = list(self.active)
         if perturb:  # fault injection: this rank now believes in a phantom sequence
             parts.append(-2)
         return digest_ints(parts)
@@ -123,7 +121,7 @@ class MirroredBatch:
         events = [TokenEvent(r.uid, int(r.token), r.finish_reason) for r in responses]
         for r in responses:
             if r.finish_reason is not None:
-                self.active.discard(r.uid)
+                self.active.pop(r.uid, None)
                 if self.prompt_cache is not None and r.prompt_cache is not None:
                     self.prompt_cache.insert_cache("model", list(r.all_tokens), r.prompt_cache)
         return events

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 
 
@@ -13,3 +15,5 @@ def setup_logging(rank: int, launch_id: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # `kill -USR1 <pid>` prints every thread's stack: the first look at a hung rank.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)

@@ -22,6 +22,7 @@ from serving.exit_codes import RankExit
 from serving.faults import FaultPlan, FaultSpecError
 from serving.loading import LoadedModel, ModelLoadError, load
 from serving.logs import setup_logging
+from serving.peer_watch import PeerWatch
 from serving.settings import RankSettings, SettingsError
 from serving.step_plan import PlanChannel
 
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving: configuration error: {exc}", file=sys.stderr)
         return RankExit.CONFIG_ERROR
     launch_id = settings.launch_id or os.environ.get("MLX_LAUNCH_ID") or "dev"
+    peer_watch = PeerWatch()
+    peer_watch.install()  # before logging: our handlers must write to the real stderr
     setup_logging(env.rank, launch_id, settings.log_level)
     if sys.platform == "darwin":  # Linux ranks die with their agent by PR_SET_PDEATHSIG
         from node_agent.parent_watch import watch_agent  # deployed beside serving
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if env.rank == 0:
         from serving.server import run_rank0  # binds its API before joining the group
 
-        code = run_rank0(settings, env, faults)
+        code = run_rank0(settings, env, faults, peer_watch)
     else:
         code = run_worker_rank(settings, env, faults)
     log.info("exiting with %d", code)

@@ -28,6 +28,7 @@ from serving.engine import Engine
 from serving.exit_codes import RankExit
 from serving.faults import FaultPlan
 from serving.metrics import ServingMetrics
+from serving.peer_watch import PeerWatch
 from serving.rank import exit_for, join_group, load_and_sync, make_batch
 from serving.settings import RankSettings, served_model_id
 from serving.step_plan import PlanChannel
@@ -51,8 +52,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class Rank0:
-    def __init__(self, settings: RankSettings, group: mx.distributed.Group, faults: FaultPlan):
+    def __init__(
+        self,
+        settings: RankSettings,
+        group: mx.distributed.Group,
+        faults: FaultPlan,
+        peer_watch: PeerWatch,
+    ) -> None:
         self.settings = settings
+        self.peer_watch = peer_watch
         self.group = group
         self.faults = faults
         self.state = ServingState(
@@ -93,6 +101,8 @@ class Rank0:
             metrics=self.state.metrics,
             comm_profile=self.settings.comm_profile,
         )
+        self.peer_watch.before_exit = lambda: engine.fail_all(
+            f"engine failed: {RankExit.PEER_LOST.meaning}", "engine_error")
         info = ModelInfo(loaded.tokenizer, loaded.context_length, loaded.vocab_size)
         self.state.set_ready(engine, info)
         if self.stop_requested.is_set():
@@ -133,7 +143,9 @@ class Rank0:
         await self.server.serve(sockets=[sock])
 
 
-def run_rank0(settings: RankSettings, env: DistributedEnv, faults: FaultPlan) -> int:
+def run_rank0(
+    settings: RankSettings, env: DistributedEnv, faults: FaultPlan, peer_watch: PeerWatch
+) -> int:
     """Bind the API address, join the group, then serve while the engine thread loads.
 
     mx.distributed.init holds the GIL while it waits for peers, so the group is joined
@@ -149,6 +161,6 @@ def run_rank0(settings: RankSettings, env: DistributedEnv, faults: FaultPlan) ->
         group = join_group(env)
     except Exception as exc:
         return exit_for(exc)
-    rank0 = Rank0(settings, group, faults)
+    rank0 = Rank0(settings, group, faults, peer_watch)
     asyncio.run(rank0.serve(sock))
     return rank0.exit_code

@@ -59,6 +59,30 @@ def test_killed_worker_makes_rank0_exit_peer_lost(tmp_path: Path, bundled_model_
         assert cluster.wait_exit(1, 10) == RankExit.PEER_LOST
 
 
+def test_worker_killed_mid_step_ends_rank0_and_its_requests(
+    tmp_path: Path, bundled_model_dir: Path
+) -> None:
+    """SIGKILL on a worker while rank 0 waits inside a step's collective (the worker is
+    held at step 4 first): MLX 0.32's ring fails that collective without releasing its
+    waiter, yet rank 0 exits PEER_LOST within 5 s and the in-flight stream ends with an
+    error event instead of a cut connection."""
+    with rank_cluster(
+        tmp_path, bundled_model_dir, 3, served_model_id="m", env=fault_env("hang:rank=1:step=4")
+    ) as cluster:
+        body = {"model": "m", "prompt": "Tell a long story", "max_tokens": 50, "stream": True}
+        with httpx.stream(
+            "POST", f"{cluster.base_url}/v1/completions", json=body, timeout=60
+        ) as response:
+            lines = response.iter_lines()
+            assert '"text"' in next(line for line in lines if line.startswith("data: "))
+            wait_until(lambda: "[fault] hanging at step 4" in cluster.log_text(1), 30, "hang")
+            os.kill(cluster.procs[1].pid, signal.SIGKILL)
+            assert cluster.wait_exit(0, 5) == RankExit.PEER_LOST
+            rest = list(lines)
+        assert any('"engine_error"' in line for line in rest), rest[-5:]
+        assert cluster.wait_exit(2, 10) == RankExit.PEER_LOST
+
+
 def test_injected_exit_uses_the_given_code(tmp_path: Path, tiny_model_dir: Path) -> None:
     """exit:rank=1:step=2:code=42 ends rank 1 with 42 at step 2."""
     with rank_cluster(
