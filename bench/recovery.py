@@ -7,11 +7,11 @@ times, from the kill,
     detected    the supervisor's `failure: ...` log line, timestamped here as it arrives
                 on the orchestrator's stderr (the log's own timestamps have 1 s resolution)
     restarting  `state ready -> restarting`; /health 503 as polled
-    stopped     `relaunching in ...`: gang stopped, orchestrator_restarts_total incremented
+    stopped     `backoff ...: relaunching in ...`: gang stopped, restart counted
     launching   `launching N ranks`: backoff over
     joined      every rank printed `rank R of N`: process start + imports + ring init
     loaded      every rank printed `loaded ... in X s` (X: its model load time)
-    ready       `state launching -> ready` (the supervisor polls rank 0 every 0.5 s)
+    ready       `state launching -> ready` (the supervisor polls rank 0 every 0.1 s)
     served      a request (max_tokens 2, temperature 0) sent right after the kill, so it
                 reaches the dying gang and must be resent, completes with 200; and a
                 request sent once /health says restarting (held by the gateway), resent
@@ -24,7 +24,10 @@ The orchestrator's output goes to bench/results/recovery-<ts>.log, figures to .j
 
 Supervisor settings are the defaults except: `backoff_reset_after_s` 1 s (so every run
 pays the first-failure backoff, not a doubled one; the bench waits 3 s after each
-recovery) and `max_restarts` runs + 2 (so the budget never ends the benchmark).
+recovery) and `max_restarts` runs + 2 (so the budget never ends the benchmark). With
+`standby_ranks` on (the default) each run waits until the next launch's standby ranks
+are started and then 5 s more (their imports), as a cluster in steady state has them;
+`--no-standby` measures cold relaunches.
 
     .venv/bin/python bench/recovery.py [--model bundled:smollm2-135m-instruct|PATH]
                                        [--ranks 3] [--runs 5]
@@ -73,7 +76,9 @@ RUN_TIMEOUT_S = 600.0
 
 FAILURE = re.compile(r"failure: (.*)")
 STATE = re.compile(r"state (\w+) -> (\w+)")
-RELAUNCH = re.compile(r"relaunching in ([\d.]+) s")
+RELAUNCH = re.compile(r"backoff ([\d.]+) s \(restart")
+STANDBY = re.compile(r"rank \d+ standby on \S+: pid \d+, launch (\S+)")
+STANDBY_SETTLE_S = 5.0  # after the standbys are started: their imports finish
 LAUNCHING = re.compile(r"launching (\d+) ranks, launch (\S+)")
 RANK_LINE = re.compile(r"\[\S+ r(\d+)\] (.*)")
 JOINED = re.compile(r"\brank \d+ of \d+ \(backend")
@@ -83,9 +88,15 @@ LOADED = re.compile(r"\bloaded .* in ([\d.]+) s")
 # ── the orchestrator under test ──
 
 
-def write_cluster(tmp: Path, model: str, ranks: int, runs: int) -> tuple[Path, dict[str, Any]]:
+def write_cluster(
+    tmp: Path, model: str, ranks: int, runs: int, standby: bool
+) -> tuple[Path, dict[str, Any]]:
     """The demo cluster (N local ranks over ring) on free ports; returns (path, supervisor)."""
-    supervisor = {"backoff_reset_after_s": RESET_AFTER_S, "max_restarts": runs + 2}
+    supervisor = {
+        "backoff_reset_after_s": RESET_AFTER_S,
+        "max_restarts": runs + 2,
+        "standby_ranks": standby,
+    }
     data = {
         "cluster": {
             "name": "recovery-bench",
@@ -283,10 +294,26 @@ def warm_up(url: str, model: str) -> float:
     return time.monotonic() - started
 
 
-def one_run(orch: Orchestrator, health: HealthWatch, model: str, ranks: int) -> Run:
+def wait_for_standbys(orch: Orchestrator, ranks: int, timeout_s: float = 60.0) -> None:
+    """Until the next launch's ranks are all standing by (then their imports' time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        launches = [m.group(1) for _t, line in list(orch.lines) if (m := STANDBY.search(line))]
+        if launches and launches.count(launches[-1]) == ranks:
+            time.sleep(STANDBY_SETTLE_S)
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"no standby ranks within {timeout_s:g} s:\n{orch.tail()}")
+
+
+def one_run(
+    orch: Orchestrator, health: HealthWatch, model: str, ranks: int, standby: bool
+) -> Run:
     status = orch.wait_ready()
     warm_s = warm_up(orch.url, model)
     time.sleep(RESET_AFTER_S + 2 * WATCH_S)  # let the backoff reset (note_ready) run
+    if standby:
+        wait_for_standbys(orch, ranks)
     status, before = orch.status(), orch.metrics()
     run = Run(
         launch_before=status["launch_id"],
@@ -485,12 +512,16 @@ def main() -> int:
     parser.add_argument("--model", default="bundled:smollm2-135m-instruct")
     parser.add_argument("--ranks", type=int, default=3)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--no-standby", dest="standby", action="store_false",
+                        help="standby_ranks = false: every relaunch starts cold")
     args = parser.parse_args()
     if args.ranks < 2:
         parser.error("--ranks must be at least 2 (rank 1 is the one killed)")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
     with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
-        config, supervisor = write_cluster(Path(tmp), args.model, args.ranks, args.runs)
+        config, supervisor = write_cluster(
+            Path(tmp), args.model, args.ranks, args.runs, args.standby
+        )
         api = tomllib.loads(config.read_text())["api"]
         try:
             return bench(args, config, supervisor, f"http://{api['host']}:{api['port']}")
@@ -514,7 +545,7 @@ def bench(args: argparse.Namespace, config: Path, supervisor: dict[str, Any], ur
             flush=True,
         )
         for i in range(args.runs):
-            run = one_run(orch, health, status["model"], args.ranks)
+            run = one_run(orch, health, status["model"], args.ranks, args.standby)
             runs.append(run)
             print(
                 f"run {i + 1}: detected {run.t.get('detected', float('nan')):.2f} s, "

@@ -109,6 +109,7 @@ class Agent:
         await self._stop.wait()
         log.info("shutting down: %s", self._stop_reason)
         reader.cancel()
+        self._ranks.discard_standbys()
         if len(self._ranks):
             await self._ranks.stop(None, self._grace_s)
         for task in list(self._tasks):
@@ -213,8 +214,8 @@ class Agent:
             case ListRanks():
                 return RankList(id=req.id, ranks=self._ranks.infos())
             case Spawn():
-                rp = await self._ranks.spawn(req)
-                return Spawned(id=req.id, rank=rp.rank, pid=rp.pid)
+                started = await self._ranks.spawn(req)
+                return Spawned(id=req.id, rank=req.rank, pid=started.proc.pid)
             case Stop():
                 if req.rank is not None and not self._ranks.has(req.rank):
                     raise KeyError(req.rank)

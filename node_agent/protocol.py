@@ -22,7 +22,7 @@ from msgspec import Struct
 
 from node_agent.fingerprint_types import NodeFingerprint
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # Every rank carries its launch's id in this variable: logs, ListRanks and Reap use it.
 LAUNCH_ID_ENV = "MLX_LAUNCH_ID"
 
@@ -71,6 +71,11 @@ class Spawn(Message, tag="spawn", kw_only=True):
     # Plain file name -> text, written (mode 0600) into cwd, which is created if missing:
     # the rank's settings and hostfile travel with the request, no extra copy step.
     files: dict[str, str] = msgspec.field(default_factory=dict)
+    # Start the process now but hold it before its real work: it runs with
+    # ORCHESTRATOR_STANDBY=1 and waits for "go" on stdin. A later Spawn of the same rank
+    # with the same argv, env, cwd, files and launch id adopts it (same pid) instead of
+    # starting a new process, so a relaunch skips interpreter start and imports.
+    standby: bool = False
 
 
 class Stop(Message, tag="stop", kw_only=True):

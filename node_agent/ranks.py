@@ -29,6 +29,7 @@ from node_agent.protocol import (
     Spawn,
     signal_name,
 )
+from node_agent.standby import STANDBY_ENV, Standby
 
 log = logging.getLogger("node_agent.ranks")
 
@@ -85,6 +86,7 @@ class RankTable:
         self._emit = emit
         self._code_root = code_root
         self._ranks: dict[int, RankProcess] = {}
+        self._standbys: dict[int, Standby] = {}
         self._preexec = pdeathsig_preexec()
         self._watchers: set[asyncio.Task[None]] = set()
 
@@ -94,18 +96,40 @@ class RankTable:
     def infos(self) -> list[RankInfo]:
         return [rp.info() for rp in sorted(self._ranks.values(), key=lambda r: r.rank)]
 
-    async def spawn(self, req: Spawn) -> RankProcess:
-        if req.rank in self._ranks:
+    async def spawn(self, req: Spawn) -> RankProcess | Standby:
+        """Start req's process, or adopt the standby that was started for it.
+
+        A standby may be started while the rank's current process runs (it is for the
+        next launch); a rank process may not.
+        """
+        if not req.argv:
+            raise SpawnError("argv is empty")
+        if req.rank in self._ranks and not req.standby:
             raise SpawnError(
                 f"rank {req.rank} is already running (pid {self._ranks[req.rank].pid})"
             )
-        if not req.argv:
-            raise SpawnError("argv is empty")
+        standby = self._standbys.pop(req.rank, None)
+        if req.standby:
+            if standby is not None:
+                standby.discard()
+            standby = Standby(req, *await self._start(req, standby=True))
+            self._standbys[req.rank] = standby
+            log.info("standby rank %d started: pid %d", req.rank, standby.proc.pid)
+            return standby
+        if standby is not None:
+            if standby.serves(req) and await standby.release():
+                log.info("rank %d adopted standby pid %d", req.rank, standby.proc.pid)
+                return self._track(req, standby.proc, standby.log_file)
+            standby.discard()
+        return self._track(req, *await self._start(req, standby=False))
+
+    async def _start(
+        self, req: Spawn, standby: bool
+    ) -> tuple[asyncio.subprocess.Process, BinaryIO | None]:
         env = self._env(req)
+        if standby:
+            env[STANDBY_ENV] = "1"
         argv = [os.path.expanduser(req.argv[0]), *req.argv[1:]]  # python = "~/venv/bin/python"
-        launch_id = req.launch_id or env.get(LAUNCH_ID_ENV)
-        if launch_id:
-            env[LAUNCH_ID_ENV] = launch_id
         cwd = os.path.expanduser(req.cwd) if req.cwd else None
         if req.files:
             if cwd is None:
@@ -120,7 +144,7 @@ class RankTable:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if standby else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=cwd,
@@ -133,13 +157,23 @@ class RankTable:
             if log_file is not None:
                 log_file.close()
             raise SpawnError(f"cannot start {req.argv[0]!r}: {exc}") from exc
-        rp = RankProcess(req, proc, launch_id, log_file)
+        return proc, log_file
+
+    def _track(
+        self, req: Spawn, proc: asyncio.subprocess.Process, log_file: BinaryIO | None
+    ) -> RankProcess:
+        rp = RankProcess(req, proc, req.launch_id or req.env.get(LAUNCH_ID_ENV), log_file)
         self._ranks[req.rank] = rp
         task = asyncio.create_task(self._watch(rp), name=f"rank-{req.rank}")
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
         log.info("rank %d started: pid %d, %s", rp.rank, rp.pid, " ".join(req.argv))
         return rp
+
+    def discard_standbys(self) -> None:
+        for standby in self._standbys.values():
+            standby.discard()
+        self._standbys.clear()
 
     def _env(self, req: Spawn) -> dict[str, str]:
         env = dict(os.environ) if req.inherit_env else {}
@@ -150,6 +184,9 @@ class RankTable:
         if path.split(os.pathsep)[0] != root:
             env["PYTHONPATH"] = root + (os.pathsep + path if path else "")
         env[AGENT_PID_ENV] = str(os.getpid())
+        launch_id = req.launch_id or env.get(LAUNCH_ID_ENV)
+        if launch_id:
+            env[LAUNCH_ID_ENV] = launch_id
         return env
 
     async def stop(self, rank: int | None, grace_s: float) -> list[Exited]:

@@ -81,6 +81,8 @@ class SupervisorSection(Section):
     hang_timeout_s: PositiveSeconds = 60.0
     launch_timeout_s: PositiveSeconds = 600.0
     stop_grace_s: NonNegativeSeconds = 10.0
+    # Keep one started-and-imported rank process per rank waiting for the next launch.
+    standby_ranks: bool = True
 
 
 class PreflightSection(Section):

@@ -51,8 +51,27 @@ class Gang:
         await self._spawn(first)
         await asyncio.gather(*(self._spawn(launch) for launch in rest))
 
-    async def _spawn(self, launch: RankLaunch) -> None:
-        request = Spawn(
+    async def start_standby(self) -> bool:
+        """Have each node start this (future) launch's rank and hold it; True if all did."""
+        replies = await asyncio.gather(
+            *(
+                self.pool.agent(launch.node).request(
+                    self._request(launch, standby=True), Spawned, 30.0
+                )
+                for launch in self.plan.ranks
+            ),
+            return_exceptions=True,
+        )
+        for launch, reply in zip(self.plan.ranks, replies, strict=True):
+            if isinstance(reply, BaseException):
+                log.warning("no standby for rank %d on %s: %s", launch.rank, launch.node, reply)
+            else:
+                log.info("rank %d standby on %s: pid %d, launch %s",
+                         launch.rank, launch.node, reply.pid, self.launch_id)
+        return not any(isinstance(reply, BaseException) for reply in replies)
+
+    def _request(self, launch: RankLaunch, standby: bool = False) -> Spawn:
+        return Spawn(
             rank=launch.rank,
             argv=launch.argv,
             env=launch.env,
@@ -60,7 +79,11 @@ class Gang:
             files=launch.files,
             log_file=f"{launch.cwd}/{LOG_FILE}",
             launch_id=self.launch_id,
+            standby=standby,
         )
+
+    async def _spawn(self, launch: RankLaunch) -> None:
+        request = self._request(launch)
         try:
             reply = await self.pool.agent(launch.node).request(request, Spawned, 30.0)
         except (TransportError, AgentRequestError) as exc:

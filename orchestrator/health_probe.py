@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-POLL_S = 0.5
+POLL_S = 0.1  # a loopback or LAN GET: cheap, and it bounds how late ready is noticed
 
 
 @dataclass

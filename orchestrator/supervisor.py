@@ -40,6 +40,7 @@ rank_log = logging.getLogger("rank")
 
 FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that already failed
 WATCH_S = 1.0
+STANDBY_AFTER_S = 3.0  # ready this long before standby ranks start (not during the first requests)
 
 
 class Supervisor:
@@ -57,6 +58,7 @@ class Supervisor:
         self.http, self._on_launch, self._clock = http, on_launch, clock
         self.policy = RestartPolicy(spec.supervisor, clock)
         self.gang: Gang | None = None
+        self._next_gang: Gang | None = None  # the next launch, its ranks started as standbys
         self.restarts = 0
         self.last_failure: RankFailure | None = None
         self.progress: ProgressWatch | None = None
@@ -196,7 +198,8 @@ class Supervisor:
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())
         self._drain_failures()
-        self.gang = Gang(build_plan(self.spec, new_launch_id()), self.pool)
+        self.gang = self._next_gang or self._new_gang()
+        self._next_gang = None
         log.info("launching %d ranks, launch %s", self.spec.world_size, self.gang.launch_id)
         try:
             await self.gang.start()
@@ -207,6 +210,19 @@ class Supervisor:
         for rank in self.gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(1)
         return None
+
+    def _new_gang(self) -> Gang:
+        return Gang(build_plan(self.spec, new_launch_id()), self.pool)
+
+    async def _start_standby_when_due(self) -> None:
+        """Once ready for a while, start the next launch's ranks as standbys (once per gang)."""
+        if (
+            self.spec.supervisor.standby_ranks
+            and self._next_gang is None
+            and self._clock() - self._ready_since >= STANDBY_AFTER_S
+        ):
+            self._next_gang = self._new_gang()
+            await self._next_gang.start_standby()
 
     async def _until_healthy(self) -> RankFailure | None:
         assert self.gang is not None
@@ -227,6 +243,7 @@ class Supervisor:
         while True:
             await asyncio.sleep(WATCH_S)
             self.policy.note_ready(self._ready_since)
+            await self._start_standby_when_due()
             sample = await sample_serving(self.http, self.gang.plan.rank0_url)
             reason = watch.observe(sample, self._clock())
             if reason is not None:
@@ -275,10 +292,11 @@ class Supervisor:
         self.restarts += 1
         self.metrics.restarts.labels(cause=failure.cause.value).inc()
         self.metrics.restart_backoff.set(delay)
-        log.info(
-            "relaunching in %.1f s (restart %d, cause %s)", delay, self.restarts, failure.cause
-        )
-        return not await self._interruptible_sleep(delay)
+        # The backoff counts from the failure: stopping the gang took part of it already.
+        wait = max(delay - (self._clock() - first.at), 0.0)
+        log.info("backoff %.1f s (restart %d, cause %s): relaunching in %.1f s",
+                 delay, self.restarts, failure.cause, wait)
+        return not await self._interruptible_sleep(wait)
 
     async def _wait_while_failed(self, failure: RankFailure) -> bool:
         window = self.spec.supervisor.restart_window_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -170,6 +171,25 @@ def test_sigkill_worker_mid_stream(cluster_factory: Callable[..., Cluster]) -> N
     assert wait_no_launch(launch) == []
 
 
+def test_restart_adopts_the_standby_ranks(cluster_factory: Callable[..., Cluster]) -> None:
+    """Once ready, each node holds the next launch's rank as a standby; a restart runs those
+    very processes (no interpreter start, no imports) and serves again."""
+    cluster = cluster_factory()
+    launch = cluster.status()["launch_id"]
+    pattern = re.compile(r"rank (\d) standby on \w+: pid (\d+), launch (\S+)")
+    cluster.wait_for(
+        lambda: len(pattern.findall(cluster.orchestrator.text)) == 2, "two standby ranks"
+    )
+    standbys = {int(rank): int(pid) for rank, pid, _ in pattern.findall(cluster.orchestrator.text)}
+    (next_launch,) = {found for _, _, found in pattern.findall(cluster.orchestrator.text)}
+    os.kill(cluster.rank_pid(1), signal.SIGKILL)
+    status = cluster.wait_ready_after(launch)
+    assert status["launch_id"] == next_launch
+    assert {rank["rank"]: rank["pid"] for rank in status["ranks"]} == standbys
+    assert cluster.complete().status_code == 200
+    assert wait_no_launch(launch) == []
+
+
 def stream_lines(cluster: Cluster) -> list[str]:
     body = {"model": "tiny", "prompt": "Hey", "max_tokens": 4, "stream": True}
     with httpx.stream("POST", f"{cluster.url}/v1/completions", timeout=120, json=body) as stream:
@@ -193,7 +213,7 @@ def test_ebusy_cooldown(cluster_factory: Callable[..., Cluster]) -> None:
     """An EBUSY line at init is classified ebusy and its cool-down is added to the backoff."""
     cluster = cluster_factory(fault="ebusy:rank=1", ebusy_cooldown_s=3.0)
     cluster.wait_for(
-        lambda: "relaunching in 3.5 s (restart 1, cause ebusy)" in cluster.orchestrator.text,
+        lambda: "backoff 3.5 s (restart 1, cause ebusy)" in cluster.orchestrator.text,
         "an ebusy restart with its cool-down",
     )
     cluster.fault_file.unlink()
@@ -239,7 +259,7 @@ def test_crash_loop_fails_then_restart_recovers(cluster_factory: Callable[..., C
     cluster = cluster_factory(fault="exit_on_load:rank=1", max_restarts=2)
     cluster.wait_for(lambda: cluster.status().get("state") == "failed", "the failed state")
     text = cluster.orchestrator.text
-    assert "relaunching in 0.5 s (restart 1" in text and "relaunching in 1.0 s (restart 2" in text
+    assert "backoff 0.5 s (restart 1" in text and "backoff 1.0 s (restart 2" in text
     response = cluster.complete()
     assert response.status_code == 503 and response.headers["retry-after"]
     assert "cluster failed" in response.json()["error"]["message"]

@@ -1,0 +1,181 @@
+"""Benchmark: what our per-step coordination costs, and the token-sync A/B.
+
+Runs N real ranks over the ring backend (started directly: MLX_RANK + MLX_HOSTFILE) on
+one model, decodes the same fixed batch in three modes, interleaved round by round so
+machine noise hits every mode alike, and reports the time per decode step:
+
+  model    the forward pass alone: every rank knows the schedule, nothing else is sent
+           (the floor; not a protocol, a reference)
+  digest   what serving does: rank 0 queues a StepPlan header (one 48-byte all_sum)
+           before each step, workers receive and check it (step id, token digest,
+           batch fingerprint); every rank samples itself with the request's seed
+  tokens   the other design: the same header, and rank 0 samples alone and broadcasts
+           the token ids (one more all_sum per step, in the step's own graph)
+
+Figures go to bench/results/step-comm-<timestamp>.json and a table is printed.
+
+    .venv/bin/python bench/step_comm.py --ranks 3 --batch 1 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MODES = ("model", "digest", "tokens")
+PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    """One rank: load, then decode rounds x modes; rank 0 writes the figures."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import greedy_sampler
+
+    from serving.batch import MirroredBatch, digest_ints
+    from serving.distributed import barrier, detect_env, init_group
+    from serving.loading import load
+    from serving.settings import RankSettings
+    from serving.step_plan import PlanChannel, PlanKind, StepPlan
+    from serving.worker import check_plan
+
+    group = init_group(detect_env())
+    rank = group.rank()
+    loaded = load(RankSettings(model=args.model), group)
+    prompt = loaded.tokenizer.encode(PROMPT)
+
+    def broadcast_sampler(logprobs: mx.array) -> mx.array:
+        """Rank 0 samples; the others contribute zeros to the all_sum."""
+        tokens = greedy_sampler(logprobs)
+        if rank != 0:
+            tokens = mx.zeros_like(tokens)
+        return mx.distributed.all_sum(tokens, group=group)
+
+    def decode(mode: str, batch_size: int) -> float:
+        """Seconds per decode step over args.steps steps of a full batch."""
+        batch = MirroredBatch(loaded.model, set(), loaded.vocab_size, batch_size, 2048)
+        sampler: Callable[[mx.array], mx.array] = (
+            broadcast_sampler if mode == "tokens" and group.size() > 1 else greedy_sampler
+        )
+        uids = batch.generator.insert(
+            [list(prompt)] * batch_size,
+            max_tokens=[args.steps + 64] * batch_size,
+            samplers=[sampler] * batch_size,
+        )
+        batch.active.update(dict.fromkeys(uids))
+        channel = PlanChannel(group, batch.stream)
+        while len(batch.step()) < batch_size:  # prefill until every sequence decodes
+            pass
+        barrier(group)
+        digest = 0
+        started = time.perf_counter()
+        for step in range(1, args.steps + 1):
+            if mode != "model" and group.size() > 1:
+                if rank == 0:
+                    plan = StepPlan(PlanKind.STEP, step, batch.fingerprint(), digest)
+                    channel.send(plan, wait=False)
+                else:
+                    plan = channel.receive()
+                    check_plan(plan, step, digest)
+                    assert plan.fingerprint == batch.fingerprint()
+            events = batch.step()
+            digest = digest_ints([v for e in events for v in (e.uid, e.token)])
+        mx.synchronize(batch.stream)
+        elapsed = (time.perf_counter() - started) / args.steps
+        batch.close()
+        barrier(group)
+        return elapsed
+
+    figures: dict[str, dict[str, list[float]]] = {}
+    for batch_size in args.batch:
+        decode("digest", batch_size)  # warm-up: compile, allocate
+        per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for round_no in range(args.rounds):
+            order = MODES[round_no % 3 :] + MODES[: round_no % 3]  # rotate: no mode always first
+            for mode in order:
+                per_mode[mode].append(decode(mode, batch_size))
+            if rank == 0:
+                print(f"batch {batch_size} round {round_no}: " + ", ".join(
+                    f"{m} {per_mode[m][-1] * 1000:.1f} ms" for m in MODES), flush=True)
+        figures[str(batch_size)] = per_mode
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(
+            {"ranks": group.size(), "model": args.model, "steps": args.steps,
+             "rounds": args.rounds, "seconds_per_step": figures}, indent=2))
+
+
+def summarize(out: Path) -> None:
+    data = json.loads(out.read_text())
+    print(f"\n{data['ranks']} ranks, {data['steps']} decode steps x {data['rounds']} rounds, "
+          "ms per step min / median / max")
+    for batch_size, per_mode in data["seconds_per_step"].items():
+        medians = {m: statistics.median(v) for m, v in per_mode.items()}
+        for mode, values in per_mode.items():
+            ms = sorted(v * 1000 for v in values)
+            extra = (medians[mode] - medians["model"]) / medians[mode] * 100
+            print(f"  batch {batch_size:>2} {mode:<7} {ms[0]:8.1f} {statistics.median(ms):8.1f} "
+                  f"{ms[-1]:8.1f}   over model: {extra:+5.1f} % of the step")
+
+
+def launch(args: argparse.Namespace) -> int:
+    from tests.serving.rank_cluster import free_ports
+
+    results = REPO / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / f"step-comm-{time.strftime('%Y%m%dT%H%M%S')}-{args.ranks}r.json"
+    hostfile = results / f"step-comm-hostfile-{os.getpid()}.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(args.ranks)]))
+    argv = [sys.executable, __file__, "--rank-process", "--out", str(out), "--model", args.model,
+            "--steps", str(args.steps), "--rounds", str(args.rounds),
+            "--batch", *map(str, args.batch)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    procs = [
+        subprocess.Popen(argv, env={**env, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
+                         start_new_session=True)
+        for r in range(args.ranks)
+    ]
+    try:
+        codes = [proc.wait() for proc in procs]
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        hostfile.unlink(missing_ok=True)
+    if any(codes):
+        print(f"rank exit codes: {codes}", file=sys.stderr)
+        return 1
+    summarize(out)
+    print(f"\nwritten: {out}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bundled:smollm2-135m-instruct")
+    parser.add_argument("--ranks", type=int, default=3)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", default="")
+    parser.add_argument("--rank-process", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_process:
+        run_rank(args)
+        return 0
+    return launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Standby rank processes: started ahead of a launch, held before their real work.
+
+A standby is spawned with the exact request of a future launch plus
+STANDBY_ENV=1; the program does its slow start-up (interpreter, imports) and then
+waits for a line on stdin. Adopting it writes "go", so the relaunch that uses it
+skips that start-up. The exec-time environment already carries the future launch
+id, so reaping by launch id works for adopted processes as for any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from node_agent.protocol import Spawn
+
+log = logging.getLogger("node_agent.standby")
+
+STANDBY_ENV = "ORCHESTRATOR_STANDBY"
+GO = b"go\n"
+
+
+@dataclass
+class Standby:
+    request: Spawn
+    proc: asyncio.subprocess.Process
+    log_file: BinaryIO | None
+
+    def serves(self, req: Spawn) -> bool:
+        """True if req asks for exactly the process this standby was started as."""
+        mine = self.request
+        return (
+            mine.rank, mine.argv, mine.env, mine.inherit_env, mine.cwd,
+            mine.log_file, mine.launch_id, mine.files,
+        ) == (
+            req.rank, req.argv, req.env, req.inherit_env, req.cwd,
+            req.log_file, req.launch_id, req.files,
+        )
+
+    async def release(self) -> bool:
+        """Let it run; False if it is gone (it can then only be discarded)."""
+        if self.proc.returncode is not None or self.proc.stdin is None:
+            return False
+        try:
+            self.proc.stdin.write(GO)
+            await self.proc.stdin.drain()
+            self.proc.stdin.close()
+        except (ConnectionError, RuntimeError):
+            return False
+        return True
+
+    def discard(self) -> None:
+        """End it: nothing it holds is worth a grace period."""
+        log.info("discarding standby rank %d (pid %d)", self.request.rank, self.proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.log_file is not None:
+            self.log_file.close()

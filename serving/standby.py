@@ -1,0 +1,27 @@
+"""A standby rank: do the slow start-up now, then wait for the agent's "go".
+
+The agent starts a standby with the full environment of a future launch plus
+ORCHESTRATOR_STANDBY=1 (see node_agent/standby.py). It imports what every rank needs
+(MLX, mlx-lm with transformers, the API stack), then blocks on stdin: "go" runs the
+rank as if it had just been started; EOF (the agent discarded it, or died) ends it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+WARM_MODULES = (
+    "serving.rank",
+    "serving.loading",
+    "serving.worker",
+    "serving.server",
+    "mlx_lm.tokenizer_utils",
+)
+
+
+def wait_for_go() -> bool:
+    """Import the rank's modules, then wait; True once the agent says go."""
+    for name in WARM_MODULES:
+        importlib.import_module(name)
+    return sys.stdin.readline().strip() == "go"
