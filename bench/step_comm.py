@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-MODES = ("model", "digest", "tokens")
+MODES = ("model", "digest", "tokens", "ahead")
 PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
 
 
@@ -80,7 +80,26 @@ def run_rank(args: argparse.Namespace) -> None:
         barrier(group)
         digest = 0
         started = time.perf_counter()
+        ahead = mode == "ahead" and group.size() > 1
+        if ahead:  # plan 1 before the loop; then plan k+1 is queued ahead of step k
+            if rank == 0:
+                channel.send(StepPlan(PlanKind.STEP, 1, batch.fingerprint(), 0), wait=False)
+            else:
+                pending = channel.receive_async()
+        digests = [0, 0]  # plan k carries the digest of step k-2's tokens when ahead
         for step in range(1, args.steps + 1):
+            if ahead:
+                if rank == 0:
+                    plan = StepPlan(PlanKind.STEP, step + 1, batch.fingerprint(), digests[-1])
+                    channel.send(plan, wait=False)
+                else:
+                    plan = channel.finish_receive(pending)
+                    check_plan(plan, step, digests[-2])
+                    assert plan.fingerprint == batch.fingerprint()
+                    pending = channel.receive_async()
+                events = batch.step()
+                digests.append(digest_ints([v for e in events for v in (e.uid, e.token)]))
+                continue
             if mode != "model" and group.size() > 1:
                 if rank == 0:
                     plan = StepPlan(PlanKind.STEP, step, batch.fingerprint(), digest)
@@ -102,7 +121,7 @@ def run_rank(args: argparse.Namespace) -> None:
         decode("digest", batch_size)  # warm-up: compile, allocate
         per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
         for round_no in range(args.rounds):
-            order = MODES[round_no % 3 :] + MODES[: round_no % 3]  # rotate: no mode always first
+            order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]  # rotate: no mode always first
             for mode in order:
                 per_mode[mode].append(decode(mode, batch_size))
             if rank == 0:

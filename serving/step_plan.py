@@ -113,7 +113,14 @@ class PlanChannel:
 
     def receive(self) -> StepPlan:
         """Workers: wait for and return rank 0's next plan."""
-        header = np.array(self._all_sum(mx.zeros(HEADER_LEN, dtype=mx.int64)))
+        return self.finish_receive(self.receive_async())
+
+    def receive_async(self) -> mx.array:
+        """Workers: queue the next header's collective; finish_receive() waits for it."""
+        return self._all_sum(mx.zeros(HEADER_LEN, dtype=mx.int64), wait=False)
+
+    def finish_receive(self, pending: mx.array) -> StepPlan:
+        header = np.array(pending)
         kind, step_id, length, fingerprint, digest, _ = (int(v) for v in header)
         payload = PlanPayload()
         if length:
