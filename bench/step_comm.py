@@ -121,7 +121,8 @@ def run_rank(args: argparse.Namespace) -> None:
         decode("digest", batch_size)  # warm-up: compile, allocate
         per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
         for round_no in range(args.rounds):
-            order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]  # rotate: no mode always first
+            shift = round_no % len(MODES)  # rotate the order: no mode always runs first
+            order = MODES[shift:] + MODES[:shift]
             for mode in order:
                 per_mode[mode].append(decode(mode, batch_size))
             if rank == 0:

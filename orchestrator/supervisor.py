@@ -25,7 +25,12 @@ from orchestrator.failures import Cause, RankFailure, classify_exit, root_cause
 from orchestrator.gang import Gang, LaunchError
 from orchestrator.gang_state import GangState, StateMachine
 from orchestrator.gateway.cluster_view import Upstream
-from orchestrator.health_probe import ProgressWatch, sample_serving, wait_until_healthy
+from orchestrator.health_probe import (
+    ProgressWatch,
+    ServingSample,
+    sample_serving,
+    wait_until_healthy,
+)
 from orchestrator.launch_plan import build_plan, new_launch_id
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.nodes import NodePool
@@ -40,7 +45,11 @@ rank_log = logging.getLogger("rank")
 
 FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that already failed
 WATCH_S = 1.0
-STANDBY_AFTER_S = 3.0  # ready this long before standby ranks start (not during the first requests)
+# Standby ranks start once the gang has been ready this long and rank 0 has no request,
+# so their start-up (seconds of CPU per node) does not slow the first requests; under
+# constant load they start anyway after STANDBY_BUSY_AFTER_S.
+STANDBY_AFTER_S = 3.0
+STANDBY_BUSY_AFTER_S = 60.0
 
 
 class Supervisor:
@@ -214,13 +223,13 @@ class Supervisor:
     def _new_gang(self) -> Gang:
         return Gang(build_plan(self.spec, new_launch_id()), self.pool)
 
-    async def _start_standby_when_due(self) -> None:
-        """Once ready for a while, start the next launch's ranks as standbys (once per gang)."""
-        if (
-            self.spec.supervisor.standby_ranks
-            and self._next_gang is None
-            and self._clock() - self._ready_since >= STANDBY_AFTER_S
-        ):
+    async def _start_standby_when_due(self, sample: ServingSample | None) -> None:
+        """Start the next launch's ranks as standbys, once per gang, when due (see above)."""
+        if not self.spec.supervisor.standby_ranks or self._next_gang is not None:
+            return
+        ready_for = self._clock() - self._ready_since
+        idle = sample is not None and sample.running == 0 and sample.waiting == 0
+        if (idle and ready_for >= STANDBY_AFTER_S) or ready_for >= STANDBY_BUSY_AFTER_S:
             self._next_gang = self._new_gang()
             await self._next_gang.start_standby()
 
@@ -243,9 +252,9 @@ class Supervisor:
         while True:
             await asyncio.sleep(WATCH_S)
             self.policy.note_ready(self._ready_since)
-            await self._start_standby_when_due()
             sample = await sample_serving(self.http, self.gang.plan.rank0_url)
             reason = watch.observe(sample, self._clock())
+            await self._start_standby_when_due(sample)
             if reason is not None:
                 return RankFailure(Cause.HANG, self.spec.nodes[0].name, 0, reason, self._clock())
 
