@@ -51,8 +51,8 @@ class Gang:
         await self._spawn(first)
         await asyncio.gather(*(self._spawn(launch) for launch in rest))
 
-    async def start_standby(self) -> bool:
-        """Have each node start this (future) launch's rank and hold it; True if all did."""
+    async def start_standby(self) -> None:
+        """Have each node start this (future) launch's rank and hold it (best effort)."""
         replies = await asyncio.gather(
             *(
                 self.pool.agent(launch.node).request(
@@ -68,7 +68,6 @@ class Gang:
             else:
                 log.info("rank %d standby on %s: pid %d, launch %s",
                          launch.rank, launch.node, reply.pid, self.launch_id)
-        return not any(isinstance(reply, BaseException) for reply in replies)
 
     def _request(self, launch: RankLaunch, standby: bool = False) -> Spawn:
         return Spawn(

@@ -254,9 +254,9 @@ class Supervisor:
             self.policy.note_ready(self._ready_since)
             sample = await sample_serving(self.http, self.gang.plan.rank0_url)
             reason = watch.observe(sample, self._clock())
-            await self._start_standby_when_due(sample)
             if reason is not None:
                 return RankFailure(Cause.HANG, self.spec.nodes[0].name, 0, reason, self._clock())
+            await self._start_standby_when_due(sample)
 
     async def _first_of(self, *waits: Awaitable[object]) -> RankFailure | None:
         """The first failure among the given waits; None on a stop request or a clean finish."""
