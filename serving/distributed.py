@@ -51,7 +51,13 @@ def barrier(group: mx.distributed.Group) -> None:
         mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
 
 
+class PeerLost(RuntimeError):
+    """A collective completed without a peer's contribution: that peer is gone."""
+
+
 def is_peer_lost(exc: BaseException) -> bool:
     """MLX reports a vanished peer as a RuntimeError from the backend ('[ring] ...')."""
     text = str(exc)
-    return isinstance(exc, RuntimeError) and (text.startswith("[ring]") or "[jaccl]" in text)
+    return isinstance(exc, PeerLost) or (
+        isinstance(exc, RuntimeError) and (text.startswith("[ring]") or "[jaccl]" in text)
+    )

@@ -16,6 +16,8 @@ import mlx.core as mx
 import msgspec
 import numpy as np
 
+from serving.distributed import PeerLost
+
 HEADER_LEN = 6
 
 
@@ -122,6 +124,8 @@ class PlanChannel:
     def finish_receive(self, pending: mx.array) -> StepPlan:
         header = np.array(pending)
         kind, step_id, length, fingerprint, digest, _ = (int(v) for v in header)
+        if kind == 0:  # rank 0 always sends a kind: MLX failed the collective and returned zeros
+            raise PeerLost("plan header without rank 0's data: the ring lost a peer")
         payload = PlanPayload()
         if length:
             data = self._all_sum(mx.zeros(length, dtype=mx.uint8))

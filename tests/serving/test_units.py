@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 
 from serving.cli import parse_settings
-from serving.distributed import DistributedEnvError, detect_env
+from serving.distributed import DistributedEnvError, detect_env, is_peer_lost
 from serving.exit_codes import RankExit, describe_exit
 from serving.faults import Fault, FaultSpecError, parse_faults
 from serving.settings import RankSettings, SettingsError, dump_settings, load_settings
 from serving.step_plan import (
     Insert,
+    PlanChannel,
     PlanKind,
     SamplingParams,
     StepPlan,
@@ -108,3 +109,14 @@ def test_worker_checks_step_and_token_digest() -> None:
         check_plan(StepPlan(PlanKind.STEP, 5, 0, 11), 4, 11)
     with pytest.raises(Desync, match="token digest"):
         check_plan(StepPlan(PlanKind.STEP, 4, 0, 12), 4, 11)
+
+
+def test_a_header_without_rank0s_data_is_a_lost_peer() -> None:
+    """MLX 0.32's ring can complete a failed collective with zeros; rank 0 never sends
+    kind 0, so such a header means a peer is gone (exit 13), not an internal error."""
+    import mlx.core as mx
+
+    channel = PlanChannel(mx.distributed.init(), mx.cpu)
+    with pytest.raises(RuntimeError) as caught:
+        channel.finish_receive(mx.zeros(6, dtype=mx.int64))
+    assert is_peer_lost(caught.value)
