@@ -3,8 +3,10 @@
 Every server's ranks are started directly with MLX_RANK + MLX_HOSTFILE (never through
 mlx.launch, whose output relay busy-loops). For each rank count and server it measures
 1 stream (TTFT, decode tok/s) and N concurrent streams (aggregate tok/s), repeated,
-reporting min/median/max; for ours also the plan broadcast's share of step time (from
-serving_step_comm_seconds with comm_profile on). Figures go to
+reporting min/median/max; for ours also the plan header collective's own time as a share
+of step time (serving_step_comm_seconds with comm_profile on: timed alone, after draining
+the stream, so it leaves out what the extra rendezvous costs the step; bench/step_comm.py
+measures that against the bare forward pass). Figures go to
 bench/results/serving-<timestamp>.json and a table is printed.
 
     .venv/bin/python bench/serving.py --model bundled:smollm2-135m-instruct --ranks 1 3
@@ -113,7 +115,7 @@ def bench_ours(
 
 
 def profile_ours(model_dir: Path, ranks: int, args: argparse.Namespace, fig: Figures) -> None:
-    """A short run with comm_profile on: the plan broadcast's share of step time."""
+    """A short run with comm_profile on: the plan header collective alone, as a share of step time."""
     if ranks > 1:
         with rank_cluster(args.workdir / f"ours-{ranks}-profile", model_dir, ranks,
                           served_model_id="m", comm_profile=True) as c:
@@ -182,7 +184,7 @@ def spread(values: list[float]) -> str:
 
 def print_table(figures: list[Figures], concurrency: list[int]) -> None:
     heads = ["server", "ranks", "TTFT s", "1-stream tok/s"]
-    heads += [f"{n}-stream agg tok/s" for n in concurrency] + ["comm share"]
+    heads += [f"{n}-stream agg tok/s" for n in concurrency] + ["plan header alone"]
     print("\n(min/median/max)\n" + " | ".join(heads))
     for f in figures:
         row = [f.server, str(f.ranks), spread(f.ttft_s), spread(f.decode_tok_s)]
