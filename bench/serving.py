@@ -115,7 +115,7 @@ def bench_ours(
 
 
 def profile_ours(model_dir: Path, ranks: int, args: argparse.Namespace, fig: Figures) -> None:
-    """A short run with comm_profile on: the plan header collective alone, as a share of step time."""
+    """A short run with comm_profile on: the plan header collective alone, per step time."""
     if ranks > 1:
         with rank_cluster(args.workdir / f"ours-{ranks}-profile", model_dir, ranks,
                           served_model_id="m", comm_profile=True) as c:
