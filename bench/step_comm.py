@@ -1,18 +1,23 @@
 """Benchmark: what our per-step coordination costs, and the token-sync A/B.
 
 Runs N real ranks over the ring backend (started directly: MLX_RANK + MLX_HOSTFILE) on
-one model, decodes the same fixed batch in three modes, interleaved round by round so
+one model, decodes the same fixed batch in five modes, interleaved round by round so
 machine noise hits every mode alike, and reports the time per decode step:
 
-  model    the forward pass alone: every rank knows the schedule, nothing else is sent
-           (the floor; not a protocol, a reference)
-  digest   what serving does: rank 0 queues a StepPlan header (one 48-byte all_sum)
-           before each step, workers receive and check it (step id, token digest,
-           batch fingerprint); every rank samples itself with the request's seed
-  tokens   the other design: the same header, and rank 0 samples alone and broadcasts
-           the token ids (one more all_sum per step, in the step's own graph)
+  model             the forward pass alone: every rank knows the schedule, nothing else
+                    is sent (the floor; not a protocol, a reference)
+  lockstep          rank 0 queues step s's StepPlan header (one 48-byte all_sum) just
+                    before step s; workers wait for it, check it (step id, batch
+                    fingerprint, token digest), then build step s; every rank samples
+                    itself with the request's seed
+  pipelined         what serving does: the header for step s+1 is queued before step s's
+                    forward pass, so workers receive it while step s computes
+  tokens            the issue's other design: the lockstep header, and rank 0 samples
+                    alone and broadcasts the token ids (one more all_sum per step, in
+                    the step's own graph)
+  tokens-pipelined  the token broadcast with the pipelined header
 
-Figures go to bench/results/step-comm-<timestamp>.json and a table is printed.
+Figures go to bench/results/step-comm-<timestamp>-<ranks>r.json and a table is printed.
 
     .venv/bin/python bench/step_comm.py --ranks 3 --batch 1 4
 """
@@ -34,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-MODES = ("model", "digest", "tokens", "ahead")
+MODES = ("model", "lockstep", "pipelined", "tokens", "tokens-pipelined")
 PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
 
 
@@ -56,17 +61,21 @@ def run_rank(args: argparse.Namespace) -> None:
     prompt = loaded.tokenizer.encode(PROMPT)
 
     def broadcast_sampler(logprobs: mx.array) -> mx.array:
-        """Rank 0 samples; the others contribute zeros to the all_sum."""
+        """Rank 0 samples; the others contribute zeros to the all_sum. Their zeros are
+        computed from their own logits: a constant would let MLX run this all_sum before
+        the forward pass's, pairing it with another rank's different collective."""
         tokens = greedy_sampler(logprobs)
         if rank != 0:
-            tokens = mx.zeros_like(tokens)
+            tokens = tokens * 0
         return mx.distributed.all_sum(tokens, group=group)
 
-    def decode(mode: str, batch_size: int) -> float:
-        """Seconds per decode step over args.steps steps of a full batch."""
+    def decode(mode: str, batch_size: int) -> tuple[float, int]:
+        """Seconds per decode step over args.steps steps of a full batch, and a digest of
+        every step's tokens (equal in every mode, or a mode is broken)."""
         batch = MirroredBatch(loaded.model, set(), loaded.vocab_size, batch_size, 2048)
         sampler: Callable[[mx.array], mx.array] = (
-            broadcast_sampler if mode == "tokens" and group.size() > 1 else greedy_sampler
+            broadcast_sampler if mode.startswith("tokens") and group.size() > 1
+            else greedy_sampler
         )
         uids = batch.generator.insert(
             [list(prompt)] * batch_size,
@@ -78,53 +87,56 @@ def run_rank(args: argparse.Namespace) -> None:
         while len(batch.step()) < batch_size:  # prefill until every sequence decodes
             pass
         barrier(group)
-        digest = 0
+        header = "none" if mode == "model" or group.size() == 1 else (
+            "pipelined" if mode.endswith("pipelined") else "lockstep"
+        )
+        fingerprint = batch.fingerprint()
+        digests = {0: 0}
+
+        def plan(step: int, done: int) -> StepPlan:
+            """The plan for `step`, sent when step `done` is the latest finished."""
+            return StepPlan(PlanKind.STEP, step, fingerprint, digests[done], done)
+
         started = time.perf_counter()
-        ahead = mode == "ahead" and group.size() > 1
-        if ahead:  # plan 1 before the loop; then plan k+1 is queued ahead of step k
+        if header == "pipelined":  # plan 1 goes first; then plan s+1 before step s
             if rank == 0:
-                channel.send(StepPlan(PlanKind.STEP, 1, batch.fingerprint(), 0), wait=False)
+                channel.send(StepPlan(PlanKind.STEP, 1, fingerprint), wait=False)
             else:
                 pending = channel.receive_async()
-        digests = [0, 0]  # plan k carries the digest of step k-2's tokens when ahead
         for step in range(1, args.steps + 1):
-            if ahead:
+            if header == "lockstep":
                 if rank == 0:
-                    plan = StepPlan(PlanKind.STEP, step + 1, batch.fingerprint(), digests[-1])
-                    channel.send(plan, wait=False)
+                    channel.send(plan(step, step - 1), wait=False)
                 else:
-                    plan = channel.finish_receive(pending)
-                    check_plan(plan, step, digests[-2])
-                    assert plan.fingerprint == batch.fingerprint()
+                    check_plan(channel.receive(), step, fingerprint, digests)
+            elif header == "pipelined":
+                if rank == 0:
+                    channel.send(plan(step + 1, step - 1), wait=False)
+                else:
+                    check_plan(channel.finish_receive(pending), step, fingerprint, digests)
                     pending = channel.receive_async()
-                events = batch.step()
-                digests.append(digest_ints([v for e in events for v in (e.uid, e.token)]))
-                continue
-            if mode != "model" and group.size() > 1:
-                if rank == 0:
-                    plan = StepPlan(PlanKind.STEP, step, batch.fingerprint(), digest)
-                    channel.send(plan, wait=False)
-                else:
-                    plan = channel.receive()
-                    check_plan(plan, step, digest)
-                    assert plan.fingerprint == batch.fingerprint()
             events = batch.step()
-            digest = digest_ints([v for e in events for v in (e.uid, e.token)])
+            digests[step] = digest_ints([v for e in events for v in (e.uid, e.token)])
         mx.synchronize(batch.stream)
         elapsed = (time.perf_counter() - started) / args.steps
         batch.close()
         barrier(group)
-        return elapsed
+        return elapsed, digest_ints([digests[step] for step in range(1, args.steps + 1)])
 
     figures: dict[str, dict[str, list[float]]] = {}
     for batch_size in args.batch:
-        decode("digest", batch_size)  # warm-up: compile, allocate
+        decode("pipelined", batch_size)  # warm-up: compile, allocate
         per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
         for round_no in range(args.rounds):
             shift = round_no % len(MODES)  # rotate the order: no mode always runs first
             order = MODES[shift:] + MODES[:shift]
+            outputs = set()
             for mode in order:
-                per_mode[mode].append(decode(mode, batch_size))
+                seconds, output = decode(mode, batch_size)
+                per_mode[mode].append(seconds)
+                outputs.add(output)
+            if len(outputs) != 1:
+                raise SystemExit(f"rank {rank}: the modes decoded different tokens")
             if rank == 0:
                 print(f"batch {batch_size} round {round_no}: " + ", ".join(
                     f"{m} {per_mode[m][-1] * 1000:.1f} ms" for m in MODES), flush=True)
@@ -144,7 +156,7 @@ def summarize(out: Path) -> None:
         for mode, values in per_mode.items():
             ms = sorted(v * 1000 for v in values)
             extra = (medians[mode] - medians["model"]) / medians[mode] * 100
-            print(f"  batch {batch_size:>2} {mode:<7} {ms[0]:8.1f} {statistics.median(ms):8.1f} "
+            print(f"  batch {batch_size:>2} {mode:<16} {ms[0]:8.1f} {statistics.median(ms):8.1f} "
                   f"{ms[-1]:8.1f}   over model: {extra:+5.1f} % of the step")
 
 

@@ -6,9 +6,12 @@ HTTP handlers only call submit() and cancel(); everything touching MLX happens h
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from serving.batch import MirroredBatch, TokenEvent, digest_ints
 from serving.exit_codes import RankExit
@@ -27,6 +30,13 @@ class QueueFull(Exception):
 
 class EngineStopping(Exception):
     """The engine no longer accepts requests (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    plan: StepPlan
+    admitted: list[GenerationRequest]  # the requests behind plan.inserts, in order
+    payload: bytes  # the plan's inserts and removes, broadcast at the start of its step
 
 
 class Engine:
@@ -61,8 +71,11 @@ class Engine:
         self._running: dict[int, RunningRequest] = {}  # by BatchGenerator uid
         self._removes: list[int] = []
         self._stop_deadline: float | None = None
-        self._step_id = 0
-        self._last_digest = 0
+        self._step_id = 0  # of the latest plan sent
+        self._planned: PlannedStep | None = None  # sent to the workers, not yet run
+        self._fingerprint = batch.fingerprint()  # after the latest applied plan
+        self._last_digest = 0  # of the tokens of step _last_step_done
+        self._last_step_done = 0
         metrics.pending.set_function(lambda: self.pending)
 
     # -- called from the event loop -------------------------------------------------
@@ -94,16 +107,25 @@ class Engine:
 
     # -- the engine thread ----------------------------------------------------------
     def run(self) -> RankExit:
-        """Loop until stopped; returns the exit code (collective errors propagate)."""
+        """Loop until stopped; returns the exit code (collective errors propagate).
+
+        While busy, the plan for step s+1 goes out before step s's forward pass (the
+        workers receive it while step s computes), so a request admitted now joins at
+        the step after next. A plan that finds the engine idle goes out just before its
+        own step, and a busy spell ends with a PAUSE: every header rank 0 queues is
+        matched by the header the workers queued for it.
+        """
         while True:
             self._reap()
-            if self._stopping_done():
-                break
-            inserts = self._admit()
-            if not (self._running or inserts or self._removes):
-                self._idle()
-                continue
-            self._step(inserts)
+            if self._planned is None:
+                if self._stopping_done():
+                    break
+                admitted = self._admit()
+                if not (self._running or admitted or self._removes):
+                    self._idle()
+                    continue
+                self._planned = self._plan(admitted)
+            self._step(self._planned)
         self.fail_all("server is shutting down", "shutdown")
         if self._channel is not None:
             self._channel.send(StepPlan(PlanKind.SHUTDOWN))
@@ -114,6 +136,11 @@ class Engine:
         if deadline is None:
             return False
         return not (self._running and time.monotonic() < deadline)
+
+    def _busy_after_this_step(self) -> bool:
+        if self._stop_deadline is not None:
+            return not self._stopping_done()
+        return bool(self._running or self._removes or self._waiting)
 
     def _idle(self) -> None:
         """Nothing to do: wait for work; every keepalive interval prove the peers are alive."""
@@ -165,22 +192,33 @@ class Engine:
             self._metrics.requests_waiting.set(len(self._waiting))
         return admitted
 
-    def _step(self, admitted: list[GenerationRequest]) -> None:
+    def _plan(self, admitted: list[GenerationRequest]) -> PlannedStep:
+        """Number the next step, take the pending removes, and broadcast its plan."""
         self._step_id += 1
-        self._faults.on_step(self._step_id)
-        started = time.perf_counter()
         inserts = [Insert(r.request_id, r.prompt, r.params) for r in admitted]
         removes, self._removes = self._removes, []
-        cached_before = self._batch.cached_tokens
-        uids = self._batch.apply(inserts, removes)
-        self._metrics.prefix_cache_tokens.inc(self._batch.cached_tokens - cached_before)
-        for uid, request in zip(uids, admitted, strict=True):
-            self._running[uid] = RunningRequest(request, self._tokenizer, self._metrics)
-            self._metrics.prompt_tokens.inc(len(request.prompt))
-        if self._channel is not None:
-            self._send_plan(inserts, removes)
+        plan = StepPlan(
+            PlanKind.STEP, self._step_id, self._fingerprint, self._last_digest,
+            self._last_step_done, inserts, removes,
+        )
+        return PlannedStep(plan, admitted, self._broadcast(plan))
+
+    def _step(self, planned: PlannedStep) -> None:
+        """Apply this step's plan, send the next one, run the step and hand out its tokens."""
+        step_id = planned.plan.step_id
+        self._faults.on_step(step_id)
+        started = time.perf_counter()
+        self._broadcast_payload(planned.payload)
+        self._apply(planned)
+        self._fingerprint = self._batch.fingerprint(perturb=self._faults.desync_at(step_id))
+        if self._busy_after_this_step():
+            self._planned = self._plan(self._admit())
+        else:
+            self._planned = None
+            self._broadcast(StepPlan(PlanKind.PAUSE))
         events = self._batch.step()
         self._last_digest = digest_ints([v for e in events for v in (e.uid, e.token)])
+        self._last_step_done = step_id
         self._dispatch(events)
         now = time.time()
         self._metrics.step_duration.observe(time.perf_counter() - started)
@@ -191,19 +229,35 @@ class Engine:
             self._metrics.batch_size_hist.observe(len(events))
         self._metrics.requests_running.set(len(self._running))
 
-    def _send_plan(self, inserts: list[Insert], removes: list[int]) -> None:
-        assert self._channel is not None
-        fingerprint = self._batch.fingerprint(perturb=self._faults.desync_at(self._step_id))
-        plan = StepPlan(
-            PlanKind.STEP, self._step_id, fingerprint, self._last_digest, inserts, removes
-        )
-        if not self._comm_profile:
-            self._channel.send(plan, wait=False)
+    def _apply(self, planned: PlannedStep) -> None:
+        cached_before = self._batch.cached_tokens
+        uids = self._batch.apply(planned.plan.inserts, planned.plan.removes)
+        self._metrics.prefix_cache_tokens.inc(self._batch.cached_tokens - cached_before)
+        for uid, request in zip(uids, planned.admitted, strict=True):
+            self._running[uid] = RunningRequest(request, self._tokenizer, self._metrics)
+            self._metrics.prompt_tokens.inc(len(request.prompt))
+
+    def _broadcast(self, plan: StepPlan) -> bytes:
+        """Queue the plan's header; returns its payload, which goes out when its step starts."""
+        if self._channel is None:
+            return b""
+        with self._comm_timer():
+            return self._channel.send_header(plan, wait=self._comm_profile)
+
+    def _broadcast_payload(self, payload: bytes) -> None:
+        if self._channel is not None and payload:
+            with self._comm_timer():
+                self._channel.send_payload(payload, wait=self._comm_profile)
+
+    @contextlib.contextmanager
+    def _comm_timer(self) -> Iterator[None]:
+        """With comm_profile on, time one plan collective alone: drain the stream first."""
+        if not self._comm_profile or self._channel is None:
+            yield
             return
-        # Profiling: drain the stream first so the timing is the broadcast alone.
         self._channel.synchronize()
         tic = time.perf_counter()
-        self._channel.send(plan, wait=True)
+        yield
         self._metrics.step_comm.observe(time.perf_counter() - tic)
 
     def _dispatch(self, events: list[TokenEvent]) -> None:

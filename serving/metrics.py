@@ -52,7 +52,7 @@ class ServingMetrics:
             buckets=STEP_BUCKETS, registry=r)
         self.step_comm = Histogram(
             "serving_step_comm_seconds",
-            "Plan broadcast time per step (observed only with comm_profile on)",
+            "Time of one plan collective, header or payload (observed only with comm_profile on)",
             buckets=COMM_BUCKETS, registry=r)
         self.batch_size = Gauge(
             "serving_batch_size", "Sequences decoded in the last step", registry=r)

@@ -1,11 +1,15 @@
-"""The StepPlan: what rank 0 tells every worker before each engine step, and its broadcast.
+"""The StepPlan: what rank 0 tells every worker about each engine step, and its broadcast.
 
-Wire format, per step, over `all_sum` (rank 0 contributes the data, workers zeros):
+Wire format, per plan, over `all_sum` (rank 0 contributes the data, workers zeros):
   1. a fixed 6 x int64 header: kind, step id, payload length, batch fingerprint,
-     digest of the previous step's tokens, reserved;
+     token digest, and the step whose tokens that digest covers;
   2. only when the header's payload length is > 0: the msgpack payload (inserts and
      removes) as uint8.
 So a step whose batch composition is unchanged costs one 48-byte collective.
+
+While the batch is busy, the plan for step s+1 is queued before step s's forward pass
+(see serving/engine.py): a worker receives it while step s computes and builds step
+s+1's graph meanwhile, keeping mlx-lm's BatchGenerator pipelined on every rank.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class PlanKind(enum.IntEnum):
     STEP = 1  # run one engine step
     KEEPALIVE = 2  # idle: prove the collective path is alive, keep the link warm
     SHUTDOWN = 3  # rank 0 is stopping: workers exit 0
+    PAUSE = 4  # no step follows the current one for now: wait for the next plan
 
 
 class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
@@ -49,8 +54,9 @@ class PlanPayload(msgspec.Struct, array_like=True):
 class StepPlan(msgspec.Struct):
     kind: PlanKind
     step_id: int = 0
-    fingerprint: int = 0  # of the batch composition after applying inserts/removes
-    token_digest: int = 0  # of the tokens the previous step produced
+    fingerprint: int = 0  # of rank 0's batch composition right after its latest applied plan
+    token_digest: int = 0  # of the tokens step `digest_step` produced
+    digest_step: int = 0  # the latest step rank 0 had finished when it sent this plan
     inserts: list[Insert] = []
     removes: list[int] = []
 
@@ -96,18 +102,34 @@ class PlanChannel:
         return out
 
     def send(self, plan: StepPlan, wait: bool = True) -> None:
-        """Rank 0: broadcast `plan`.
+        """Rank 0: broadcast `plan`, header then payload.
 
         With wait=False the collectives are only queued on the stream, ahead of the
         step's forward pass: rank 0 knows the plan already, only workers must block.
         """
+        self.send_payload(self.send_header(plan, wait), wait)
+
+    def send_header(self, plan: StepPlan, wait: bool = False) -> bytes:
+        """Rank 0: broadcast the header alone; returns the payload for send_payload().
+
+        A worker asks for the payload as soon as it has read the header. When the header
+        went out ahead of a forward pass (the worker queued its receive at the same
+        point), the payload must follow that forward pass: hence a separate call."""
         payload = encode_payload(plan)
-        header = [plan.kind, plan.step_id, len(payload), plan.fingerprint, plan.token_digest, 0]
-        sent = [self._all_sum(mx.array(header, dtype=mx.int64), wait)]
+        header = [
+            plan.kind, plan.step_id, len(payload), plan.fingerprint, plan.token_digest,
+            plan.digest_step,
+        ]
+        self._keep(self._all_sum(mx.array(header, dtype=mx.int64), wait))
+        return payload
+
+    def send_payload(self, payload: bytes, wait: bool = False) -> None:
         if payload:
-            data = mx.array(np.frombuffer(payload, dtype=np.uint8))
-            sent.append(self._all_sum(data, wait))
-        self._in_flight = sent  # keep queued arrays referenced until the next send
+            self._keep(self._all_sum(mx.array(np.frombuffer(payload, dtype=np.uint8)), wait))
+
+    def _keep(self, queued: mx.array) -> None:
+        """Keep queued arrays referenced until they have surely run."""
+        self._in_flight = [*self._in_flight[-3:], queued]
 
     def synchronize(self) -> None:
         """Wait for everything queued on the stream (used to time a send alone)."""
@@ -123,7 +145,7 @@ class PlanChannel:
 
     def finish_receive(self, pending: mx.array) -> StepPlan:
         header = np.array(pending)
-        kind, step_id, length, fingerprint, digest, _ = (int(v) for v in header)
+        kind, step_id, length, fingerprint, digest, digest_step = (int(v) for v in header)
         if kind == 0:  # rank 0 always sends a kind: MLX failed the collective and returned zeros
             raise PeerLost("plan header without rank 0's data: the ring lost a peer")
         payload = PlanPayload()
@@ -131,5 +153,6 @@ class PlanChannel:
             data = self._all_sum(mx.zeros(length, dtype=mx.uint8))
             payload = decode_payload(np.array(data).tobytes())
         return StepPlan(
-            PlanKind(kind), step_id, fingerprint, digest, payload.inserts, payload.removes
+            PlanKind(kind), step_id, fingerprint, digest, digest_step,
+            payload.inserts, payload.removes,
         )

@@ -20,12 +20,26 @@ class Desync(Exception):
     """This worker's view of the batch differs from rank 0's."""
 
 
-def check_plan(plan: StepPlan, expected_step: int, local_digest: int) -> None:
-    """Raise Desync when the plan's step id or previous-token digest differs from ours."""
+def check_plan(
+    plan: StepPlan, expected_step: int, fingerprint: int, digests: dict[int, int]
+) -> None:
+    """Raise Desync when the plan's step id, batch fingerprint or token digest differs
+    from ours. `fingerprint` is our batch right after our latest applied plan; `digests`
+    holds our token digests by step."""
     if plan.step_id != expected_step:
-        raise Desync(f"step id: rank0={plan.step_id} local={expected_step}")
-    if plan.token_digest != local_digest:
-        raise Desync(f"token digest: rank0={plan.token_digest:016x} local={local_digest:016x}")
+        raise Desync(f"step id rank0={plan.step_id} local={expected_step}")
+    if plan.fingerprint != fingerprint:
+        raise Desync(
+            f"fingerprint after step {expected_step - 1}'s plan "
+            f"rank0={plan.fingerprint:016x} local={fingerprint:016x}"
+        )
+    local = digests.get(plan.digest_step)
+    if local != plan.token_digest:
+        shown = "none" if local is None else f"{local:016x}"
+        raise Desync(
+            f"token digest of step {plan.digest_step} rank0={plan.token_digest:016x} "
+            f"local={shown}"
+        )
 
 
 def run_worker(
@@ -33,15 +47,19 @@ def run_worker(
 ) -> RankExit:
     """Mirror rank 0 until it sends SHUTDOWN (OK) or something is out of step (DESYNC).
 
+    The next plan's receive is queued before each step's forward pass, in the order
+    rank 0 queues its send, so this rank builds step s+1 while step s computes.
     MLX's ring backend busy-polls while a collective waits, so after a keepalive the
-    worker sleeps most of the interval instead of spinning until rank 0's next plan.
+    worker sleeps most of the interval before queueing the next receive.
     """
     stop = threading.Event()
     # Signal handlers only record: the loop sees it at the next plan (keepalives are frequent).
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    step, digest = 0, 0
+    step, fingerprint = 0, batch.fingerprint()
+    digests = {0: 0}  # token digest by step: the latest two
+    pending = channel.receive_async()
     while True:
-        plan = channel.receive()
+        plan = channel.finish_receive(pending)
         if plan.kind == PlanKind.SHUTDOWN:
             log.info("shutdown plan received after %d steps", step)
             return RankExit.OK
@@ -50,21 +68,20 @@ def run_worker(
             return RankExit.OK
         if plan.kind == PlanKind.KEEPALIVE:
             time.sleep(keepalive_s * IDLE_SLEEP_SHARE)
+        if plan.kind != PlanKind.STEP:
+            pending = channel.receive_async()
             continue
         step += 1
         try:
-            check_plan(plan, step, digest)
+            check_plan(plan, step, fingerprint, digests)
         except Desync as exc:
             log.error("BATCH DESYNC at step %d: %s", step, exc)
             return RankExit.DESYNC
         faults.on_step(step)
         batch.apply(plan.inserts, plan.removes)
-        local = batch.fingerprint(perturb=faults.desync_at(step))
-        if local != plan.fingerprint:
-            log.error(
-                "BATCH DESYNC at step %d: fingerprint rank0=%016x local=%016x",
-                step, plan.fingerprint, local,
-            )
-            return RankExit.DESYNC
+        fingerprint = batch.fingerprint(perturb=faults.desync_at(step))
+        pending = channel.receive_async()
         events = batch.step()
-        digest = digest_ints([v for e in events for v in (e.uid, e.token)])
+        digests = {step - 1: digests[step - 1], step: digest_ints(
+            [v for e in events for v in (e.uid, e.token)]
+        )}

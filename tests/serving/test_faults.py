@@ -39,14 +39,16 @@ def fault_env(spec: str) -> dict[str, str]:
 def test_injected_desync_exits_worker_with_desync_code(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    """desync on rank 1: it logs BATCH DESYNC with both fingerprints and exits DESYNC."""
+    """desync on rank 1 at step 2: the plan for step 3 carries rank 0's batch after step
+    2's plan; rank 1 logs BATCH DESYNC with both fingerprints and exits DESYNC."""
     with rank_cluster(
         tmp_path, tiny_model_dir, 2, env=fault_env("desync:rank=1:step=2"), served_model_id="m"
     ) as cluster:
         fire_request(cluster.base_url)
         assert cluster.wait_exit(1, 60) == RankExit.DESYNC
         log = cluster.log_text(1)
-        assert "BATCH DESYNC at step 2: fingerprint rank0=" in log and " local=" in log
+        assert "BATCH DESYNC at step 3: fingerprint after step 2's plan rank0=" in log
+        assert " local=" in log
         assert cluster.wait_exit(0, 30) == RankExit.PEER_LOST
 
 

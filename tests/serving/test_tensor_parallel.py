@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import httpx
@@ -54,3 +55,53 @@ def test_tiny_model_matches_one_rank(tmp_path: Path, tiny_model_dir: Path, ranks
     """The random tiny Llama at 2 and 4 ranks: greedy output equals the 1-rank run."""
     single = greedy_outputs(tmp_path / "r1", tiny_model_dir, 1, 24)
     assert greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, 24) == single
+
+
+def complete(base_url: str, prompt: str, temperature: float = 0.0) -> str:
+    body = {"model": "m", "prompt": prompt, "max_tokens": 24, "temperature": temperature,
+            "seed": 7}
+    r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return f"{choice['finish_reason']}:{choice['text']}"
+
+
+def leave_after_three_chunks(base_url: str) -> None:
+    body = {"model": "m", "prompt": "Gone soon", "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=120) as r:
+        chunks = (line for line in r.iter_lines() if line.startswith("data: {"))
+        for _ in range(3):
+            next(chunks)
+
+
+def test_requests_joining_and_leaving_a_busy_batch_stay_in_step(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """2 ranks: requests that join while a long stream decodes (their plans go out a step
+    ahead), one seeded and sampled, get the text they get alone; a client that leaves
+    mid-way is removed; the long stream ends normally and no rank exits (a desync would)."""
+    prompts = {"The sea": 0.0, "A cat": 0.0, "Numbers": 0.9}
+    with rank_cluster(tmp_path, tiny_model_dir, 2, served_model_id="m") as cluster:
+        url = cluster.base_url
+        alone = {p: complete(url, p, t) for p, t in prompts.items()}
+        together: dict[str, str] = {}
+        body = {"model": "m", "prompt": "Long", "max_tokens": 400, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as long_stream:
+            lines = long_stream.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))  # the batch is busy
+            threads = [
+                threading.Thread(
+                    target=lambda p=p, t=t: together.__setitem__(p, complete(url, p, t))
+                )
+                for p, t in prompts.items()
+            ]
+            threads.append(threading.Thread(target=leave_after_three_chunks, args=(url,)))
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(120)
+            rest = [line for line in lines if line]
+        assert together == alone
+        assert '"finish_reason":"length"' in rest[-2] and rest[-1] == "data: [DONE]"
+        assert "(cancelled)" in cluster.log_text(0)
+        assert [proc.poll() for proc in cluster.procs] == [None, None]

@@ -96,19 +96,27 @@ def test_fault_syntax() -> None:
 def test_plan_payload_round_trip() -> None:
     """Inserts and removes survive msgpack; an unchanged batch has no payload at all."""
     params = SamplingParams(0.7, 0.9, 40, 16, 1234)
-    plan = StepPlan(PlanKind.STEP, 3, 99, 7, [Insert("r1", [1, 2, 3], params)], [5])
+    plan = StepPlan(PlanKind.STEP, 3, 99, 7, 1, [Insert("r1", [1, 2, 3], params)], [5])
     payload = decode_payload(encode_payload(plan))
     assert payload.inserts == plan.inserts and payload.removes == [5]
-    assert encode_payload(StepPlan(PlanKind.STEP, 4, 99, 7)) == b""
+    assert encode_payload(StepPlan(PlanKind.STEP, 4, 99, 7, 2)) == b""
 
 
-def test_worker_checks_step_and_token_digest() -> None:
-    """A skipped step id or a different token digest is a desync."""
-    check_plan(StepPlan(PlanKind.STEP, 4, 0, 11), 4, 11)
-    with pytest.raises(Desync, match="step id"):
-        check_plan(StepPlan(PlanKind.STEP, 5, 0, 11), 4, 11)
-    with pytest.raises(Desync, match="token digest"):
-        check_plan(StepPlan(PlanKind.STEP, 4, 0, 12), 4, 11)
+def test_worker_checks_step_fingerprint_and_token_digest() -> None:
+    """A skipped step id, another batch or other tokens for the step the plan names is
+    a desync; the digest may name the step just finished (a plan sent while idle) or
+    the one before (a plan queued ahead of its predecessor)."""
+    digests = {2: 11, 3: 13}
+    check_plan(StepPlan(PlanKind.STEP, 4, 99, 13, 3), 4, 99, digests)
+    check_plan(StepPlan(PlanKind.STEP, 4, 99, 11, 2), 4, 99, digests)
+    with pytest.raises(Desync, match="step id rank0=5 local=4"):
+        check_plan(StepPlan(PlanKind.STEP, 5, 99, 13, 3), 4, 99, digests)
+    with pytest.raises(Desync, match="fingerprint after step 3's plan"):
+        check_plan(StepPlan(PlanKind.STEP, 4, 98, 13, 3), 4, 99, digests)
+    with pytest.raises(Desync, match="token digest of step 2"):
+        check_plan(StepPlan(PlanKind.STEP, 4, 99, 13, 2), 4, 99, digests)
+    with pytest.raises(Desync, match=r"token digest of step 1 .* local=none"):
+        check_plan(StepPlan(PlanKind.STEP, 4, 99, 13, 1), 4, 99, digests)
 
 
 def test_a_header_without_rank0s_data_is_a_lost_peer() -> None:
