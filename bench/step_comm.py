@@ -147,6 +147,9 @@ def run_rank(args: argparse.Namespace) -> None:
              "rounds": args.rounds, "seconds_per_step": figures}, indent=2))
 
 
+PAIRS = (("lockstep", "pipelined"), ("lockstep", "tokens"), ("pipelined", "tokens-pipelined"))
+
+
 def summarize(out: Path) -> None:
     data = json.loads(out.read_text())
     print(f"\n{data['ranks']} ranks, {data['steps']} decode steps x {data['rounds']} rounds, "
@@ -158,6 +161,13 @@ def summarize(out: Path) -> None:
             extra = (medians[mode] - medians["model"]) / medians[mode] * 100
             print(f"  batch {batch_size:>2} {mode:<16} {ms[0]:8.1f} {statistics.median(ms):8.1f} "
                   f"{ms[-1]:8.1f}   over model: {extra:+5.1f} % of the step")
+        # Modes of one round ran back to back: their differences cancel most machine noise.
+        for base, other in PAIRS:
+            diffs = [(b - a) * 1000 for a, b in zip(per_mode[base], per_mode[other], strict=True)]
+            faster = sum(d < 0 for d in diffs)
+            print(f"  batch {batch_size:>2} {other} vs {base}: median "
+                  f"{statistics.median(diffs):+.2f} ms per step, faster in {faster}/{len(diffs)}"
+                  " rounds")
 
 
 def launch(args: argparse.Namespace) -> int:

@@ -110,10 +110,10 @@ class Engine:
         """Loop until stopped; returns the exit code (collective errors propagate).
 
         While busy, the plan for step s+1 goes out before step s's forward pass (the
-        workers receive it while step s computes), so a request admitted now joins at
-        the step after next. A plan that finds the engine idle goes out just before its
+        workers receive it while step s computes), so a request arriving during step s
+        joins at step s+2. A plan that finds the engine idle goes out just before its
         own step, and a busy spell ends with a PAUSE: every header rank 0 queues is
-        matched by the header the workers queued for it.
+        matched by the receive the workers queued at the same point.
         """
         while True:
             self._reap()
@@ -138,6 +138,7 @@ class Engine:
         return not (self._running and time.monotonic() < deadline)
 
     def _busy_after_this_step(self) -> bool:
+        """Plan the next step now (ahead of this one), or end the busy spell with a PAUSE."""
         if self._stop_deadline is not None:
             return not self._stopping_done()
         return bool(self._running or self._removes or self._waiting)
