@@ -157,8 +157,11 @@ class Engine:
     def _reap(self) -> None:
         """Turn cancellations, timeouts and stop-string finishes into removes."""
         now = time.monotonic()
+        planned = {r.request_id for r in self._planned.admitted} if self._planned else set()
         with self._lock:
             cancelled, self._cancelled = self._cancelled, set()
+            # Admitted into the plan sent ahead but not applied yet: cancel it next time.
+            self._cancelled = cancelled & planned
             expired = [r for r in self._waiting if r.deadline <= now]
             kept = [
                 r for r in self._waiting
