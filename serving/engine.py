@@ -274,10 +274,12 @@ class Engine:
                 del self._running[event.uid]  # BatchGenerator dropped it on every rank
 
     def fail_all(self, message: str, code: str) -> None:
-        """End every waiting and running request with an error (stop or engine failure)."""
+        """End every waiting, planned and running request with an error (stop or engine
+        failure)."""
         with self._lock:
             waiting, self._waiting = list(self._waiting), collections.deque()
-        for request in waiting:
+        planned, self._planned = self._planned, None
+        for request in waiting + (planned.admitted if planned else []):
             request.sink.push(Failed(message, code))
         for running in self._running.values():
             running.request.sink.push(Failed(message, code))
