@@ -162,7 +162,7 @@ class RankTable:
     def _track(
         self, req: Spawn, proc: asyncio.subprocess.Process, log_file: BinaryIO | None
     ) -> RankProcess:
-        rp = RankProcess(req, proc, req.launch_id or req.env.get(LAUNCH_ID_ENV), log_file)
+        rp = RankProcess(req, proc, self._env(req).get(LAUNCH_ID_ENV), log_file)
         self._ranks[req.rank] = rp
         task = asyncio.create_task(self._watch(rp), name=f"rank-{req.rank}")
         self._watchers.add(task)

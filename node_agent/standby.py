@@ -17,6 +17,8 @@ import signal
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import msgspec
+
 from node_agent.protocol import Spawn
 
 log = logging.getLogger("node_agent.standby")
@@ -33,14 +35,8 @@ class Standby:
 
     def serves(self, req: Spawn) -> bool:
         """True if req asks for exactly the process this standby was started as."""
-        mine = self.request
-        return (
-            mine.rank, mine.argv, mine.env, mine.inherit_env, mine.cwd,
-            mine.log_file, mine.launch_id, mine.files,
-        ) == (
-            req.rank, req.argv, req.env, req.inherit_env, req.cwd,
-            req.log_file, req.launch_id, req.files,
-        )
+        mine = self.request  # every field but the request id and the standby flag
+        return msgspec.structs.replace(req, id=mine.id, standby=mine.standby) == mine
 
     async def release(self) -> bool:
         """Let it run; False if it is gone (it can then only be discarded)."""
