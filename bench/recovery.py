@@ -60,13 +60,8 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.orchestrator.orchestrator_process import (  # noqa: E402
-    alive,
-    end_session,
-    free_port,
-    free_port_block,
-    launch_processes,
-)
+from testkit.orchestrator_process import alive, end_session, launch_processes  # noqa: E402
+from testkit.ports import free_port, free_port_block  # noqa: E402
 
 KILLED_RANK = 1
 HEALTH_POLL_S = 0.1

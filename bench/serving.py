@@ -34,9 +34,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from serving.loading import resolve  # noqa: E402
-from serving.settings import RankSettings  # noqa: E402
-from tests.serving.rank_cluster import free_ports, rank_cluster  # noqa: E402
+from contract.settings import ModelSettings, RankSettings  # noqa: E402
+from serving.model.loading import resolve  # noqa: E402
+from testkit.ports import free_ports  # noqa: E402
+from testkit.rank_cluster import rank_cluster  # noqa: E402
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
 
@@ -203,7 +204,7 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", default=["ours", "mlx_lm"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/serving-bench"))
     args = parser.parse_args()
-    model_dir = resolve(RankSettings(model=args.model))
+    model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)))
     figures = []
     for ranks in args.ranks:
         # Servers alternate within each repetition (each started fresh), so drift in

@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -45,106 +46,133 @@ PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
 
 def run_rank(args: argparse.Namespace) -> None:
     """One rank: load, then decode rounds x modes; rank 0 writes the figures."""
-    import mlx.core as mx
-    from mlx_lm.sample_utils import greedy_sampler
-
-    from serving.batch import MirroredBatch, digest_ints
-    from serving.distributed import barrier, detect_env, init_group
-    from serving.loading import load
-    from serving.settings import RankSettings
-    from serving.step_plan import PlanChannel, PlanKind, StepPlan
-    from serving.worker import check_plan
+    from contract.settings import ModelSettings, RankSettings
+    from serving.distributed import detect_env, init_group
+    from serving.model.loading import load
 
     group = init_group(detect_env())
-    rank = group.rank()
-    loaded = load(RankSettings(model=args.model), group)
-    prompt = loaded.tokenizer.encode(PROMPT)
+    loaded = load(RankSettings(model=ModelSettings(path=args.model)), group)
+    bench = RankBench(args, group, loaded)
+    figures = {str(size): bench.rounds(size) for size in args.batch}
+    if group.rank() == 0:
+        Path(args.out).write_text(json.dumps(
+            {"ranks": group.size(), "model": args.model, "steps": args.steps,
+             "rounds": args.rounds, "seconds_per_step": figures}, indent=2))
 
-    def broadcast_sampler(logprobs: mx.array) -> mx.array:
+
+class RankBench:
+    """One rank's side of the benchmark: the same decode loop in every mode."""
+
+    def __init__(self, args: argparse.Namespace, group: Any, loaded: Any) -> None:
+        self.args, self.group, self.loaded = args, group, loaded
+        self.rank = group.rank()
+        self.prompt = list(loaded.tokenizer.encode(PROMPT))
+
+    def rounds(self, batch_size: int) -> dict[str, list[float]]:
+        """Seconds per step of every mode, one figure per round, modes rotated per round."""
+        self.decode("pipelined", batch_size)  # warm-up: compile, allocate
+        per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for round_no in range(self.args.rounds):
+            shift = round_no % len(MODES)  # rotate the order: no mode always runs first
+            outputs = set()
+            for mode in MODES[shift:] + MODES[:shift]:
+                seconds, output = self.decode(mode, batch_size)
+                per_mode[mode].append(seconds)
+                outputs.add(output)
+            if len(outputs) != 1:
+                raise SystemExit(f"rank {self.rank}: the modes decoded different tokens")
+            if self.rank == 0:
+                print(f"batch {batch_size} round {round_no}: " + ", ".join(
+                    f"{m} {per_mode[m][-1] * 1000:.1f} ms" for m in MODES), flush=True)
+        return per_mode
+
+    def broadcast_sampler(self, logprobs: Any) -> Any:
         """Rank 0 samples; the others contribute zeros to the all_sum. Their zeros are
         computed from their own logits: a constant would let MLX run this all_sum before
         the forward pass's, pairing it with another rank's different collective."""
-        tokens = greedy_sampler(logprobs)
-        if rank != 0:
-            tokens = tokens * 0
-        return mx.distributed.all_sum(tokens, group=group)
+        import mlx.core as mx
+        from mlx_lm.sample_utils import greedy_sampler
 
-    def decode(mode: str, batch_size: int) -> tuple[float, int]:
-        """Seconds per decode step over args.steps steps of a full batch, and a digest of
-        every step's tokens (equal in every mode, or a mode is broken)."""
-        batch = MirroredBatch(loaded.model, set(), loaded.vocab_size, batch_size, 2048)
-        sampler: Callable[[mx.array], mx.array] = (
-            broadcast_sampler if mode.startswith("tokens") and group.size() > 1
-            else greedy_sampler
-        )
+        tokens = greedy_sampler(logprobs)
+        if self.rank != 0:
+            tokens = tokens * 0
+        return mx.distributed.all_sum(tokens, group=self.group)
+
+    def _full_batch(self, mode: str, batch_size: int) -> Any:
+        """A batch of `batch_size` copies of the prompt, prefilled until all decode."""
+        from mlx_lm.sample_utils import greedy_sampler
+
+        from serving.engine.batch import MirroredBatch
+
+        batch = MirroredBatch(self.loaded.model, set(), self.loaded.vocab_size, batch_size, 2048)
+        tokens_mode = mode.startswith("tokens") and self.group.size() > 1
+        sampler: Callable[[Any], Any] = self.broadcast_sampler if tokens_mode else greedy_sampler
         uids = batch.generator.insert(
-            [list(prompt)] * batch_size,
-            max_tokens=[args.steps + 64] * batch_size,
+            [self.prompt] * batch_size,
+            max_tokens=[self.args.steps + 64] * batch_size,
             samplers=[sampler] * batch_size,
         )
         batch.active.update(dict.fromkeys(uids))
-        channel = PlanChannel(group, batch.stream)
-        while len(batch.step()) < batch_size:  # prefill until every sequence decodes
+        while len(batch.step()) < batch_size:
             pass
-        barrier(group)
-        header = "none" if mode == "model" or group.size() == 1 else (
+        return batch
+
+    def decode(self, mode: str, batch_size: int) -> tuple[float, int]:
+        """Seconds per decode step over args.steps steps of a full batch, and a digest of
+        every step's tokens (equal in every mode, or a mode is broken)."""
+        import mlx.core as mx
+
+        from serving.distributed import barrier
+        from serving.engine.batch import digest_ints
+        from serving.engine.step_plan import PlanChannel
+
+        batch = self._full_batch(mode, batch_size)
+        channel = PlanChannel(self.group, batch.stream)
+        barrier(self.group)
+        header = "none" if mode == "model" or self.group.size() == 1 else (
             "pipelined" if mode.endswith("pipelined") else "lockstep"
         )
-        fingerprint = batch.fingerprint()
-        digests = {0: 0}
+        started = time.perf_counter()
+        digests = self._steps(batch, channel, header)
+        mx.synchronize(batch.stream)
+        elapsed = (time.perf_counter() - started) / self.args.steps
+        batch.close()
+        barrier(self.group)
+        return elapsed, digest_ints([digests[step] for step in range(1, self.args.steps + 1)])
+
+    def _steps(self, batch: Any, channel: Any, header: str) -> dict[int, int]:
+        """Decode args.steps steps, with plan headers sent the way `header` says."""
+        from serving.engine.batch import digest_ints
+        from serving.engine.step_plan import PlanKind, StepPlan
+        from serving.rank.worker import check_plan
+
+        fingerprint, digests = batch.fingerprint(), {0: 0}
 
         def plan(step: int, done: int) -> StepPlan:
             """The plan for `step`, sent when step `done` is the latest finished."""
             return StepPlan(PlanKind.STEP, step, fingerprint, digests[done], done)
 
-        started = time.perf_counter()
+        source = self.rank == 0
         if header == "pipelined":  # plan 1 goes first; then plan s+1 before step s
-            if rank == 0:
+            if source:
                 channel.send(StepPlan(PlanKind.STEP, 1, fingerprint), wait=False)
             else:
                 pending = channel.receive_async()
-        for step in range(1, args.steps + 1):
+        for step in range(1, self.args.steps + 1):
             if header == "lockstep":
-                if rank == 0:
+                if source:
                     channel.send(plan(step, step - 1), wait=False)
                 else:
                     check_plan(channel.receive(), step, fingerprint, digests)
             elif header == "pipelined":
-                if rank == 0:
+                if source:
                     channel.send(plan(step + 1, step - 1), wait=False)
                 else:
                     check_plan(channel.finish_receive(pending), step, fingerprint, digests)
                     pending = channel.receive_async()
             events = batch.step()
             digests[step] = digest_ints([v for e in events for v in (e.uid, e.token)])
-        mx.synchronize(batch.stream)
-        elapsed = (time.perf_counter() - started) / args.steps
-        batch.close()
-        barrier(group)
-        return elapsed, digest_ints([digests[step] for step in range(1, args.steps + 1)])
-
-    figures: dict[str, dict[str, list[float]]] = {}
-    for batch_size in args.batch:
-        decode("pipelined", batch_size)  # warm-up: compile, allocate
-        per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
-        for round_no in range(args.rounds):
-            shift = round_no % len(MODES)  # rotate the order: no mode always runs first
-            order = MODES[shift:] + MODES[:shift]
-            outputs = set()
-            for mode in order:
-                seconds, output = decode(mode, batch_size)
-                per_mode[mode].append(seconds)
-                outputs.add(output)
-            if len(outputs) != 1:
-                raise SystemExit(f"rank {rank}: the modes decoded different tokens")
-            if rank == 0:
-                print(f"batch {batch_size} round {round_no}: " + ", ".join(
-                    f"{m} {per_mode[m][-1] * 1000:.1f} ms" for m in MODES), flush=True)
-        figures[str(batch_size)] = per_mode
-    if rank == 0:
-        Path(args.out).write_text(json.dumps(
-            {"ranks": group.size(), "model": args.model, "steps": args.steps,
-             "rounds": args.rounds, "seconds_per_step": figures}, indent=2))
+        return digests
 
 
 PAIRS = (("lockstep", "pipelined"), ("lockstep", "tokens"), ("pipelined", "tokens-pipelined"))
@@ -171,7 +199,7 @@ def summarize(out: Path) -> None:
 
 
 def launch(args: argparse.Namespace) -> int:
-    from tests.serving.rank_cluster import free_ports
+    from testkit.ports import free_ports
 
     results = REPO / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,8 @@ from typing import Any
 
 import msgspec
 
-from node_agent import AGENT_VERSION, host_ops, protocol
-from node_agent.code_digest import code_digest, code_root
-from node_agent.fingerprint import collect_fingerprint
-from node_agent.protocol import (
+from contract import agent_protocol as protocol
+from contract.agent_protocol import (
     PROTOCOL_VERSION,
     CheckPorts,
     ErrorReply,
@@ -52,6 +50,9 @@ from node_agent.protocol import (
     Stop,
     Stopped,
 )
+from node_agent import AGENT_VERSION, host_ops
+from node_agent.code_digest import code_digest, code_root
+from node_agent.fingerprint import collect_fingerprint
 from node_agent.ranks import RankTable, SpawnError
 from node_agent.stdio import LineWriter, open_protocol_stdio
 

@@ -1,4 +1,4 @@
-"""The digest of the code a node runs: the `node_agent` and `serving` packages.
+"""The digest of the code a node runs: the `contract`, `node_agent` and `serving` packages.
 
 The orchestrator deploys them to `<cache>/code/<digest>/` and the agent reports
 the digest of what it runs, so both sides compute it here, the same way.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-DEPLOYED_PACKAGES = ("node_agent", "serving")
+DEPLOYED_PACKAGES = ("contract", "node_agent", "serving")
 # Package data as declared in pyproject.toml, plus the code itself.
 _SUFFIXES = (".py", ".json", ".toml", ".txt")
 # Written last into a deployed copy; its presence marks a complete copy.

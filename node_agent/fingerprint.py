@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from node_agent.fingerprint_types import (
+from contract.fingerprint import (
     ModelInfo,
     NodeFingerprint,
     OsInfo,

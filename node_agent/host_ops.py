@@ -9,7 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-from node_agent.protocol import LAUNCH_ID_ENV
+from contract.rank_env import LAUNCH_ID
 
 
 def ports_in_use(host: str, ports: list[int]) -> list[int]:
@@ -60,7 +60,7 @@ def _launch_id_of(pid: int) -> str | None:
     try:
         import psutil
 
-        return str(psutil.Process(pid).environ().get(LAUNCH_ID_ENV, ""))
+        return str(psutil.Process(pid).environ().get(LAUNCH_ID, ""))
     except ImportError:
         pass
     except Exception:
@@ -71,7 +71,7 @@ def _launch_id_of(pid: int) -> str | None:
         return None
     for entry in raw.split(b"\0"):
         key, _, value = entry.partition(b"=")
-        if key.decode(errors="replace") == LAUNCH_ID_ENV:
+        if key.decode(errors="replace") == LAUNCH_ID:
             return value.decode(errors="replace")
     return ""
 

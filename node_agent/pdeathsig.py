@@ -4,7 +4,7 @@ Linux: each rank's child sets PR_SET_PDEATHSIG=SIGKILL before exec, so the
 kernel kills it when the agent's thread that forked it (the event loop's, the
 main thread) exits. macOS has no equivalent; see docs/architecture.md (agent protocol) for
 what covers that gap (stdin EOF handling, the lease, and ranks that watch
-MLX_AGENT_PID with `node_agent.parent_watch`).
+MLX_AGENT_PID with `serving.rank.parent_watch`).
 """
 
 from __future__ import annotations

@@ -18,25 +18,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from contract import rank_env
+from contract.agent_protocol import Exited, Log, Message, RankInfo, Spawn
 from node_agent.host_ops import write_files
 from node_agent.pdeathsig import pdeathsig_preexec
-from node_agent.protocol import (
-    LAUNCH_ID_ENV,
-    Exited,
-    Log,
-    Message,
-    RankInfo,
-    Spawn,
-    signal_name,
-)
-from node_agent.standby import STANDBY_ENV, Standby
+from node_agent.standby import Standby
 
 log = logging.getLogger("node_agent.ranks")
 
 LINE_LIMIT = 1 << 20  # longer lines are relayed in pieces
 STDERR_TAIL = 40
 DRAIN_AFTER_EXIT_S = 2.0  # a grandchild may keep the pipe open; do not wait for it forever
-AGENT_PID_ENV = "MLX_AGENT_PID"
 
 Emit = Callable[[Message], Awaitable[None]]
 
@@ -128,7 +120,7 @@ class RankTable:
     ) -> tuple[asyncio.subprocess.Process, BinaryIO | None]:
         env = self._env(req)
         if standby:
-            env[STANDBY_ENV] = "1"
+            env[rank_env.STANDBY] = "1"
         argv = [os.path.expanduser(req.argv[0]), *req.argv[1:]]  # python = "~/venv/bin/python"
         cwd = os.path.expanduser(req.cwd) if req.cwd else None
         if req.files:
@@ -162,7 +154,7 @@ class RankTable:
     def _track(
         self, req: Spawn, proc: asyncio.subprocess.Process, log_file: BinaryIO | None
     ) -> RankProcess:
-        rp = RankProcess(req, proc, self._env(req).get(LAUNCH_ID_ENV), log_file)
+        rp = RankProcess(req, proc, self._env(req).get(rank_env.LAUNCH_ID), log_file)
         self._ranks[req.rank] = rp
         task = asyncio.create_task(self._watch(rp), name=f"rank-{req.rank}")
         self._watchers.add(task)
@@ -183,10 +175,7 @@ class RankTable:
         root = str(self._code_root)
         if path.split(os.pathsep)[0] != root:
             env["PYTHONPATH"] = root + (os.pathsep + path if path else "")
-        env[AGENT_PID_ENV] = str(os.getpid())
-        launch_id = req.launch_id or env.get(LAUNCH_ID_ENV)
-        if launch_id:
-            env[LAUNCH_ID_ENV] = launch_id
+        env[rank_env.AGENT_PID] = str(os.getpid())
         return env
 
     async def stop(self, rank: int | None, grace_s: float) -> list[Exited]:
@@ -268,3 +257,13 @@ def _open_log(path: str | None) -> BinaryIO | None:
         return target.open("ab", buffering=0)
     except OSError as exc:
         raise SpawnError(f"cannot open log file {str(target)!r}: {exc}") from exc
+
+
+def signal_name(returncode: int) -> str | None:
+    """Negative asyncio/subprocess return codes mean "killed by signal -rc"."""
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"SIG{-returncode}"

@@ -1,8 +1,8 @@
 """Standby rank processes: started ahead of a launch, held before their real work.
 
 A standby is spawned with the exact request of a future launch plus
-STANDBY_ENV=1; the program does its slow start-up (interpreter, imports) and then
-waits for a line on stdin. Adopting it writes "go", so the relaunch that uses it
+rank_env.STANDBY=1; the program does its slow start-up (interpreter, imports) and then
+waits for a line on stdin. Adopting it writes rank_env.STANDBY_GO, so the relaunch that uses it
 skips that start-up. The exec-time environment already carries the future launch
 id, so reaping by launch id works for adopted processes as for any other.
 """
@@ -19,12 +19,11 @@ from typing import BinaryIO
 
 import msgspec
 
-from node_agent.protocol import Spawn
+from contract import rank_env
+from contract.agent_protocol import Spawn
 
 log = logging.getLogger("node_agent.standby")
 
-STANDBY_ENV = "ORCHESTRATOR_STANDBY"
-GO = b"go\n"
 
 
 @dataclass
@@ -43,7 +42,7 @@ class Standby:
         if self.proc.returncode is not None or self.proc.stdin is None:
             return False
         try:
-            self.proc.stdin.write(GO)
+            self.proc.stdin.write(rank_env.STANDBY_GO.encode() + b"\n")
             await self.proc.stdin.drain()
             self.proc.stdin.close()
         except (ConnectionError, RuntimeError):

@@ -8,10 +8,10 @@ import logging
 import sys
 from pathlib import Path
 
-from orchestrator import control
-from orchestrator.config_check import ConfigErrors, check_cluster_file
-from orchestrator.config_summary import summarize
-from orchestrator.launch_plan import build_plan, plan_as_toml
+from orchestrator.config import ConfigErrors, check_cluster_file
+from orchestrator.config.summary import summarize
+from orchestrator.launch.plan import build_plan, plan_as_toml
+from orchestrator.status import control
 
 EXIT_OK = 0
 EXIT_CONFIG = 2

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from node_agent.fingerprint_types import ModelConfigInfo, NodeFingerprint
+from contract.fingerprint import ModelConfigInfo, NodeFingerprint
 from orchestrator.config import ClusterSpec
 
 GIB = 1024**3

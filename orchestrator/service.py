@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Iterator
+import time
 from pathlib import Path
 
 import httpx
@@ -24,14 +24,12 @@ import uvicorn
 
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
-from orchestrator.gang import Gang
-from orchestrator.gang_state import GangState, StateMachine
 from orchestrator.gateway.app import create_app
-from orchestrator.launch_plan import rank0_api_host
+from orchestrator.launch.gang import Gang
+from orchestrator.launch.plan import build_plan, new_launch_id
+from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.nodes import NodePool
 from orchestrator.preflight import run_preflight
-from orchestrator.stale_ranks import end_stale_ranks
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,
@@ -42,20 +40,18 @@ from orchestrator.state_file import (
     state_path,
     write_state,
 )
-from orchestrator.supervisor import Supervisor
+from orchestrator.status.report import build_status
+from orchestrator.supervision.failures import RunResult
+from orchestrator.supervision.monitor import GangMonitor
+from orchestrator.supervision.progress import Rank0Probe
+from orchestrator.supervision.state import GangState, StateMachine
+from orchestrator.supervision.supervisor import Supervisor
+from orchestrator.transports.pool import NodePool
 
 log = logging.getLogger("orchestrator")
 
 EXIT_OK = 0
 EXIT_NOT_STARTED = 2
-
-
-class EmbeddedServer(uvicorn.Server):
-    """uvicorn inside our loop: the service owns the signals, not uvicorn."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class Service:
@@ -85,17 +81,25 @@ class Service:
         async with httpx.AsyncClient() as http:
             pool = NodePool(
                 self.spec,
-                on_event=lambda n, e: self.supervisor.on_agent_event(n, e),
-                on_lost=lambda n, x: self.supervisor.on_agent_lost(n, x),
+                on_event=lambda node, event: monitor.on_agent_event(node, event),
+                on_lost=lambda node, info: monitor.on_agent_lost(node, info),
             )
+            monitor = GangMonitor(pool.nodes, self.metrics, time.monotonic)
             self.supervisor = Supervisor(
-                self.spec, pool, self.metrics, self.machine, http, on_launch=self._record_launch
+                self.spec,
+                pool,
+                self.metrics,
+                self.machine,
+                monitor,
+                Rank0Probe(http),
+                lambda: Gang(build_plan(self.spec, new_launch_id()), pool),
+                on_launch=self._record_launch,
             )
             try:
                 if not await self._prepare(pool, previous):
                     self.machine.to(GangState.STOPPED, "did not start")
                     return EXIT_NOT_STARTED
-                await self._serve()
+                await self._serve(pool)
             finally:
                 await pool.close_all()
                 remove_state(self.state_file)
@@ -140,22 +144,24 @@ class Service:
             for rank, node in enumerate(self.spec.nodes)
         ]
         listeners.append(
-            (self.spec.nodes[0], rank0_api_host(self.spec), self.spec.serving.rank_api_port)
+            (self.spec.nodes[0], self.spec.rank0_api_host, self.spec.serving.rank_api_port)
         )
         for node, host, port in listeners:
             if await pool.agent(node.name).ports_in_use(host, [port]):
                 busy.setdefault(node.name, []).append(f"{host}:{port}")
         return busy
 
-    async def _serve(self) -> None:
+    async def _serve(self, pool: NodePool) -> None:
         api_key = os.environ.get(self.spec.api.api_key_env) if self.spec.api.api_key_env else None
+        supervisor = self.supervisor
         app = create_app(
-            self.supervisor,
+            supervisor,
+            lambda: build_status(self.spec, pool.nodes.values(), supervisor.snapshot()),
             self.metrics,
             api_key=api_key or None,
             request_timeout_s=self.spec.serving.request_timeout_s,
         )
-        server = EmbeddedServer(
+        server = uvicorn.Server(
             uvicorn.Config(
                 app,
                 host=self.spec.api.host,
@@ -164,8 +170,10 @@ class Service:
                 timeout_graceful_shutdown=int(self.spec.supervisor.stop_grace_s) or None,
             )
         )
+        # uvicorn inside our loop: the service owns the signals, not uvicorn.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
         gateway = asyncio.create_task(server.serve())
-        supervision = asyncio.create_task(self.supervisor.run())
+        supervision = asyncio.create_task(supervisor.run())
         log.info(
             "gateway at http://%s:%d (health, status, metrics, /v1)",
             self.spec.api.host,
@@ -178,7 +186,10 @@ class Service:
         await self._stop(server, gateway, supervision)
 
     async def _stop(
-        self, server: uvicorn.Server, gateway: asyncio.Task[None], supervision: asyncio.Task[None]
+        self,
+        server: uvicorn.Server,
+        gateway: asyncio.Task[None],
+        supervision: asyncio.Task[RunResult],
     ) -> None:
         grace = self.spec.supervisor.stop_grace_s
         log.info("stopping: no new requests; in-flight ones get up to %g s", grace)
@@ -189,10 +200,11 @@ class Service:
         server.force_exit = True
         log.info("stopping every rank")
         self.supervisor.request_stop(force=self._force.is_set())
-        await supervision
+        result = await supervision
         with contextlib.suppress(BaseException):
             await gateway
-        log.info("stopped")
+        last = f"; last failure {result.last.root.summary()}" if result.last else ""
+        log.info("stopped after %d restart(s)%s", result.restarts, last)
 
     async def _drained(self, gateway: asyncio.Task[None]) -> None:
         await asyncio.wait(

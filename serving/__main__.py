@@ -3,12 +3,12 @@
 import os
 import sys
 
-from node_agent.standby import STANDBY_ENV  # deployed beside serving
-from serving.standby import wait_for_go
+from contract.rank_env import STANDBY
+from serving.rank.standby import wait_for_go
 
-if os.environ.get(STANDBY_ENV) and not wait_for_go():
+if os.environ.get(STANDBY) and not wait_for_go():
     sys.exit(0)
 
-from serving.rank import main
+from serving.rank.main import main
 
 sys.exit(main())

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from contract import rank_env
+
 
 class DistributedEnvError(ValueError):
     """The distributed environment variables are incomplete or inconsistent."""
@@ -21,9 +23,9 @@ class DistributedEnv:
 def detect_env(environ: dict[str, str] | None = None) -> DistributedEnv:
     """The backend the env asks for: ring (MLX_HOSTFILE), jaccl (MLX_JACCL_COORDINATOR), none."""
     env = os.environ if environ is None else environ
-    has_ring = bool(env.get("MLX_HOSTFILE"))
-    has_jaccl = bool(env.get("MLX_JACCL_COORDINATOR"))
-    raw_rank = env.get("MLX_RANK")
+    has_ring = bool(env.get(rank_env.HOSTFILE))
+    has_jaccl = bool(env.get(rank_env.JACCL_COORDINATOR))
+    raw_rank = env.get(rank_env.RANK)
     if not (has_ring or has_jaccl):
         if raw_rank not in (None, "", "0"):
             raise DistributedEnvError("MLX_RANK is set but neither MLX_HOSTFILE nor "
@@ -33,7 +35,7 @@ def detect_env(environ: dict[str, str] | None = None) -> DistributedEnv:
         raise DistributedEnvError("both MLX_HOSTFILE (ring) and MLX_JACCL_COORDINATOR (jaccl) set")
     if raw_rank is None or not raw_rank.isdigit():
         raise DistributedEnvError(f"MLX_RANK must be a non-negative integer, got {raw_rank!r}")
-    if has_jaccl and not env.get("MLX_IBV_DEVICES"):
+    if has_jaccl and not env.get(rank_env.IBV_DEVICES):
         raise DistributedEnvError("jaccl needs MLX_IBV_DEVICES next to MLX_JACCL_COORDINATOR")
     return DistributedEnv("jaccl" if has_jaccl else "ring", int(raw_rank))
 

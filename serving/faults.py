@@ -20,12 +20,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from serving.exit_codes import RankExit
+from contract.exit_codes import RankExit
+from contract.rank_env import FAULT, FAULT_FILE
 
-FAULT_ENV = "ORCHESTRATOR_FAULT"
-# A file holding more faults, read when the rank starts: a test can add or remove a fault
-# between launches of a running orchestrator without restarting it.
-FAULT_FILE_ENV = "ORCHESTRATOR_FAULT_FILE"
 KINDS = ("desync", "exit", "hang", "exit_on_load", "hang_on_load", "ebusy")
 
 # Modelled on MLX's JACCL message when ibv_create_qp fails with EBUSY (mlx PR #4209).
@@ -37,7 +34,7 @@ EBUSY_LINE = (
 
 
 def _file_spec() -> str:
-    path = os.environ.get(FAULT_FILE_ENV)
+    path = os.environ.get(FAULT_FILE)
     if not path:
         return ""
     try:
@@ -89,7 +86,7 @@ class FaultPlan:
 
     @classmethod
     def from_env(cls, rank: int) -> FaultPlan:
-        specs = (os.environ.get(FAULT_ENV, ""), _file_spec())
+        specs = (os.environ.get(FAULT, ""), _file_spec())
         return cls(parse_faults(",".join(filter(None, specs))), rank)
 
     @property

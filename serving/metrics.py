@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from contract import metric_names
+
 # Bucket edges follow vLLM's serving metrics so dashboards line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -25,9 +27,9 @@ class ServingMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests_running = Gauge(
-            "serving_requests_running", "Requests in the batch", registry=r)
+            metric_names.REQUESTS_RUNNING, "Requests in the batch", registry=r)
         self.requests_waiting = Gauge(
-            "serving_requests_waiting", "Requests waiting for a batch slot", registry=r)
+            metric_names.REQUESTS_WAITING, "Requests waiting for a batch slot", registry=r)
         self.time_to_first_token = Histogram(
             "serving_time_to_first_token_seconds", "Time to first token",
             buckets=TTFT_BUCKETS, registry=r)
@@ -43,7 +45,7 @@ class ServingMetrics:
             "serving_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache",
             registry=r)
         self.generation_tokens = Counter(
-            "serving_generation_tokens", "Tokens generated", registry=r)
+            metric_names.GENERATION_TOKENS, "Tokens generated", registry=r)
         self.requests_finished = Counter(
             "serving_requests_finished", "Requests finished, by reason",
             ["finish_reason"], registry=r)
@@ -59,9 +61,9 @@ class ServingMetrics:
         self.batch_size_hist = Histogram(
             "serving_batch_size_steps", "Sequences decoded per step",
             buckets=BATCH_BUCKETS, registry=r)
-        self.steps = Counter("serving_steps", "Engine steps run", registry=r)
+        self.steps = Counter(metric_names.STEPS, "Engine steps run", registry=r)
         self.last_step = Gauge(
-            "serving_last_step_timestamp_seconds", "Unix time of the last engine step",
+            metric_names.LAST_STEP_TIMESTAMP, "Unix time of the last engine step",
             registry=r)
         self.pending = Gauge(
             "serving_requests_pending", "Requests waiting or running (watchdog: pending "

@@ -7,8 +7,8 @@ import contextlib
 import psutil
 import pytest
 
+from testkit.sshd import sshd  # noqa: F401
 from tests.model_fixtures import bundled_model_dir, tiny_model_dir  # noqa: F401
-from tests.sshd_fixture import sshd  # noqa: F401
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.bundled_model import BUNDLED_PREFIX, default_cache_dir, resolve_model
-from serving.tiny_model import write_tiny_model
+from contract.bundled_models import BUNDLED_PREFIX
+from serving.model.bundled import default_cache_dir, resolve_model
+from testkit.tiny_model import write_tiny_model
 
 BUNDLED_SPEC = BUNDLED_PREFIX + "smollm2-135m-instruct"
 

@@ -15,10 +15,10 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from node_agent.fingerprint_types import ModelConfigInfo, ModelInfo
+from contract.bundled_models import BUNDLED_PREFIX, ModelResolutionError, bundled_gguf_path
+from contract.fingerprint import ModelConfigInfo, ModelInfo
 from node_agent.probes.gguf import GgufHeader, read_gguf_header
 
-BUNDLED_PREFIX = "bundled:"
 _SMALL_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
 _SMALL_LIMIT = 64 << 20  # a tokenizer.json can be tens of MB; weights never end in these
 _MAX_ST_HEADER = 100 << 20
@@ -40,14 +40,8 @@ def inspect_model(spec: str) -> ModelInfo:
 def _inspect_bundled(spec: str) -> ModelInfo:
     name = spec[len(BUNDLED_PREFIX) :]
     try:
-        # Lazy: serving.bundled_model must stay importable without mlx; it is
-        # deployed next to node_agent.
-        from serving.bundled_model import bundled_gguf_path
-    except ImportError as exc:
-        return ModelInfo(spec=spec, kind="unresolved", error=f"serving.bundled_model: {exc}")
-    try:
         path = bundled_gguf_path(name)
-    except Exception as exc:  # BundledModelUnavailable and friends carry the install hint
+    except ModelResolutionError as exc:  # unknown name, or the package missing: with a hint
         return ModelInfo(spec=spec, kind="unresolved", error=str(exc))
     if not path.is_file():
         return ModelInfo(spec=spec, path=str(path), error=f"{path} does not exist on this node")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from node_agent.fingerprint_types import RdmaDevice, RdmaPort
+from contract.fingerprint import RdmaDevice, RdmaPort
 
 _CODE_SUFFIX = re.compile(r"\s*\(\d+\)\s*$")  # "PORT_ACTIVE (4)" -> "PORT_ACTIVE"
 NO_DEVICES = "No IB devices found"

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from types import ModuleType
 
-from node_agent.fingerprint_types import DiskInfo, MemoryInfo, NetInterface
+from contract.fingerprint import DiskInfo, MemoryInfo, NetInterface
 
 
 def load_psutil() -> ModuleType | None:

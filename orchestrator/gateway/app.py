@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -15,8 +15,6 @@ from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from litestar.response import Stream
 
-from orchestrator.gang_state import GangState
-from orchestrator.gateway.cluster_view import ClusterView
 from orchestrator.gateway.errors import (
     ApiError,
     api_error_handler,
@@ -24,8 +22,10 @@ from orchestrator.gateway.errors import (
     unauthorized,
 )
 from orchestrator.gateway.proxy import Proxy
+from orchestrator.gateway.view import ClusterView
 from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.status_model import ClusterStatus
+from orchestrator.status.model import ClusterStatus
+from orchestrator.supervision.state import GangState
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,6 +36,7 @@ class Gateway:
     """What the handlers share, kept on the app's State."""
 
     view: ClusterView
+    status: Callable[[], ClusterStatus]
     metrics: OrchestratorMetrics
     api_key: str | None
     proxy: Proxy | None = None
@@ -96,7 +97,7 @@ async def health_endpoint(state: State) -> Response:
 
 @get("/status", guards=[require_api_key])
 async def status_endpoint(state: State) -> ClusterStatus:
-    return _gateway(state).view.status()
+    return _gateway(state).status()
 
 
 @get("/metrics")
@@ -122,12 +123,13 @@ async def _rank0_metrics(gateway: Gateway) -> bytes:
 
 def create_app(
     view: ClusterView,
+    status: Callable[[], ClusterStatus],
     metrics: OrchestratorMetrics,
     *,
     api_key: str | None,
     request_timeout_s: float,
 ) -> Litestar:
-    gateway = Gateway(view, metrics, api_key)
+    gateway = Gateway(view, status, metrics, api_key)
 
     @asynccontextmanager
     async def open_proxy(_: Litestar) -> AsyncIterator[None]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+
+from contract.openai_errors import ErrorBody, ErrorEnvelope
 
 
 class ApiError(Exception):
@@ -21,18 +22,8 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.type = status, message, type
-        self.code, self.param, self.headers = code, param, headers or {}
-
-    def body(self) -> dict[str, dict[str, str | None]]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        self.status, self.headers = status, headers or {}
+        self.body = ErrorBody(message, type, param, code)
 
 
 def unauthorized(message: str) -> ApiError:
@@ -45,19 +36,14 @@ def unavailable(message: str, retry_after_s: int, code: str = "cluster_unavailab
     )
 
 
-def sse_error_event(error: ApiError) -> bytes:
-    """The last event of a stream cut mid-way: an error the client can read, then DONE."""
-    return b"data: " + msgspec.json.encode(error.body()) + b"\n\ndata: [DONE]\n\n"
-
-
 def api_error_handler(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return Response(exc.body(), status_code=exc.status, headers=exc.headers)
+    return Response(ErrorEnvelope(exc.body), status_code=exc.status, headers=exc.headers)
 
 
 def http_exception_handler(_: Request, exc: Exception) -> Response:
     """Litestar's own errors (unknown route, wrong method, body too large) in OpenAI's shape."""
     assert isinstance(exc, HTTPException)
     kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    error = ApiError(exc.status_code, str(exc.detail), type=kind, code=None)
-    return Response(error.body(), status_code=exc.status_code, headers=exc.headers or {})
+    body = ErrorBody(str(exc.detail), kind)
+    return Response(ErrorEnvelope(body), status_code=exc.status_code, headers=exc.headers or {})

@@ -12,10 +12,17 @@ from collections.abc import AsyncIterator
 import httpx
 import msgspec
 
-from orchestrator.gang_state import GangState
-from orchestrator.gateway.cluster_view import ClusterView, Upstream
-from orchestrator.gateway.errors import ApiError, sse_error_event, unavailable
+from contract.openai_errors import (
+    DONE_EVENT,
+    GANG_FAILURE_CODES,
+    ErrorBody,
+    error_code_of_event,
+    sse_error_event,
+)
+from orchestrator.gateway.errors import ApiError, unavailable
+from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.supervision.state import GangState
 
 # Headers describing the body or the hop, which httpx recomputes.
 _HOP_HEADERS = {
@@ -33,6 +40,14 @@ class StreamFlag(msgspec.Struct):
     stream: bool = False
 
 
+# The last event of a stream whose gang failed after its first token.
+_STREAM_CUT = ErrorBody(
+    "the cluster lost a rank while generating this response; retry the request",
+    "server_error",
+    code="stream_interrupted",
+)
+
+
 class UpstreamLost(Exception):
     """The gang went away before this request's response began."""
 
@@ -42,30 +57,6 @@ class ProxyResult(msgspec.Struct):
     headers: dict[str, str]
     first_chunk: bytes
     rest: AsyncIterator[bytes] | None
-
-
-class _ErrorDetail(msgspec.Struct):
-    code: str | None = None
-
-
-class _ErrorEvent(msgspec.Struct):
-    error: _ErrorDetail
-
-
-# Rank 0's codes for "this gang is going away", as opposed to a problem with the request.
-_GANG_FAILURE_CODES = {"engine_error", "shutdown"}
-
-
-def _is_gang_failure_event(chunk: bytes) -> bool:
-    """True when a stream opens with rank 0's error event for a failing gang."""
-    head = chunk.split(b"\n\n", 1)[0]
-    if not head.startswith(b"data: {"):
-        return False
-    try:
-        event = msgspec.json.decode(head[len(b"data: ") :], type=_ErrorEvent)
-    except msgspec.DecodeError:
-        return False
-    return event.error.code in _GANG_FAILURE_CODES
 
 
 def wants_stream(body: bytes) -> bool:
@@ -140,7 +131,7 @@ class Proxy:
         if not stream:
             await response.aclose()
             return ProxyResult(response.status_code, result_headers, first, None)
-        if _is_gang_failure_event(first):
+        if error_code_of_event(first) in GANG_FAILURE_CODES:
             await response.aclose()
             raise UpstreamLost("rank 0's engine failed before the stream's first token")
         return ProxyResult(
@@ -155,14 +146,7 @@ class Proxy:
                 yield chunk
         except httpx.TransportError:
             self.metrics.requests_failed.labels(reason="stream_cut").inc()
-            yield sse_error_event(
-                ApiError(
-                    503,
-                    "the cluster lost a rank while generating this response; retry the request",
-                    type="server_error",
-                    code="stream_interrupted",
-                )
-            )
+            yield sse_error_event(_STREAM_CUT) + DONE_EVENT
         finally:
             await response.aclose()
 

@@ -3,7 +3,7 @@
 Public API:
     transport_for(node, **options) -> Transport   LocalTransport | SshTransport
     Transport: connect(), deploy() -> DeployResult, start_agent(...) -> AgentHandle, close()
-    AgentHandle: fingerprint(), spawn(), stop(), ping(), list_ranks(), events(),
+    AgentHandle: fingerprint(), spawn(), stop(), ping(), list_ranks(),
                  request(), finished, closed, close()
     TransportError(kind: ErrorKind), AgentRequestError
 """

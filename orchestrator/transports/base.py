@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from node_agent.protocol import Event
+from contract.agent_protocol import Event
 from orchestrator.config import NodeSpec
 from orchestrator.transports.errors import ErrorKind, TransportError
 from orchestrator.transports.handle import DEFAULT_LEASE_S, AgentHandle
@@ -101,9 +101,6 @@ class Transport(ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-    def _config_error(self, message: str) -> TransportError:
-        return TransportError(self.node.name, ErrorKind.CONFIG, message)
 
 
 def check_python(node: NodeSpec) -> str:

@@ -1,7 +1,7 @@
 """AgentHandle: the orchestrator's side of one running node agent.
 
     transport ── starts ──▶ agent process ── stdout lines ──▶ _read_loop ─┬─▶ pending[id] (replies)
-                                ▲                                          └─▶ events() / on_event
+                                ▲                                          └─▶ on_event
     request(msg) ── stdin line ─┘
 
 The channel under it (a local pipe or an SSH exec channel) is an `AgentChannel`.
@@ -16,15 +16,14 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import msgspec
 
-from node_agent import protocol
-from node_agent.fingerprint_types import NodeFingerprint
-from node_agent.protocol import (
+from contract import agent_protocol as protocol
+from contract.agent_protocol import (
     PROTOCOL_VERSION,
     CheckPorts,
     ErrorReply,
@@ -50,6 +49,7 @@ from node_agent.protocol import (
     Stop,
     Stopped,
 )
+from contract.fingerprint import NodeFingerprint
 from orchestrator.transports.errors import AgentRequestError, ErrorKind, TransportError
 
 log = logging.getLogger("orchestrator.transports")
@@ -119,7 +119,6 @@ class AgentHandle:
         self._lease_s = lease_s
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._events: asyncio.Queue[Event | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self.finished: asyncio.Future[AgentExit] = asyncio.get_running_loop().create_future()
 
@@ -244,28 +243,9 @@ class AgentHandle:
             await self.request(Fingerprint(model=model), FingerprintResult, timeout)
         ).fingerprint
 
-    async def spawn(
-        self,
-        rank: int,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        log_file: str | None = None,
-        launch_id: str | None = None,
-        inherit_env: bool = True,
-        timeout: float = 30.0,
-    ) -> Spawned:
-        msg = Spawn(
-            rank=rank,
-            argv=argv,
-            env=env or {},
-            cwd=cwd,
-            log_file=log_file,
-            launch_id=launch_id,
-            inherit_env=inherit_env,
-        )
-        return await self.request(msg, Spawned, timeout)
+    async def spawn(self, request: Spawn, timeout: float = 30.0) -> Spawned:
+        """Start a rank process (or adopt its standby); returns its pid."""
+        return await self.request(request, Spawned, timeout)
 
     async def stop(self, rank: int | None = None, grace_s: float = 10.0) -> list[Exited]:
         """Stop one rank (or all); returns their exits once they are gone."""
@@ -288,16 +268,6 @@ class AgentHandle:
 
     async def list_ranks(self, timeout: float = 10.0) -> list[RankInfo]:
         return (await self.request(ListRanks(), RankList, timeout)).ranks
-
-    async def events(self) -> AsyncIterator[Event]:
-        """Log and Exited events in arrival order; ends when the agent is gone.
-
-        Only without on_event; one consumer; keep draining it (events queue up)."""
-        while True:
-            event = await self._events.get()
-            if event is None:
-                return
-            yield event
 
     # ── internals ──
 
@@ -332,13 +302,12 @@ class AgentHandle:
             log.warning("[%s] agent error: %s: %s", self.node, msg.code, msg.message)
 
     def _deliver(self, event: Event) -> None:
-        if self._on_event is not None:
-            try:
-                self._on_event(event)
-            except Exception:
-                log.exception("[%s] on_event callback failed", self.node)
-        else:
-            self._events.put_nowait(event)
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:
+            log.exception("[%s] on_event callback failed", self.node)
 
     async def _ping_loop(self, lease_s: float) -> None:
         """Renews the agent's lease; an agent that stops answering is treated as lost."""
@@ -362,4 +331,3 @@ class AgentHandle:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(lost)
-        self._events.put_nowait(None)

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from node_agent.protocol import Event
+from contract.agent_protocol import Event
 from orchestrator.config import NodeSpec
 from orchestrator.transports.base import DEFAULT_CODE_CACHE, DeployResult, Transport, check_python
 from orchestrator.transports.deploy import CodeBundle, deploy_local

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import asyncssh
 
-from node_agent.protocol import Event
+from contract.agent_protocol import Event
 from orchestrator.config import NodeSpec
 from orchestrator.transports.base import DEFAULT_CODE_CACHE, DeployResult, Transport, check_python
 from orchestrator.transports.deploy import CodeBundle, deploy_sftp

@@ -20,7 +20,7 @@ def create_app(serving: ServingState) -> Litestar:
         ],
         state=State({"serving": serving}),
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
-        request_max_body_size=serving.settings.max_body_bytes,
+        request_max_body_size=serving.settings.serving.max_body_bytes,
         openapi_config=None,
         logging_config=None,
     )

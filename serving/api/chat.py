@@ -38,7 +38,7 @@ class ChatController(Controller):
         req = decode_body(await request.body(), ChatCompletionRequest)
         check_model(req, serving.model_id)
         requested = req.max_completion_tokens or req.max_tokens
-        check_sampling(req, requested, serving.settings.max_tokens_limit)
+        check_sampling(req, requested, serving.settings.serving.max_tokens_limit)
         messages = chat_messages(req)
         _, model = ready(serving)
         prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

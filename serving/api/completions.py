@@ -40,7 +40,7 @@ class CompletionsController(Controller):
         serving: ServingState = state.serving
         req = decode_body(await request.body(), CompletionRequest)
         check_model(req, serving.model_id)
-        check_sampling(req, req.max_tokens, serving.settings.max_tokens_limit)
+        check_sampling(req, req.max_tokens, serving.settings.serving.max_tokens_limit)
         _, model = ready(serving)
         prompt = prompt_tokens(req, model.tokenizer)
         max_tokens = effective_max_tokens(req.max_tokens, serving.settings)

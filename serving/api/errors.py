@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import logging
 
-import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from contract.openai_errors import ErrorBody, ErrorEnvelope
+
 log = logging.getLogger("serving.api")
-
-
-class ErrorBody(msgspec.Struct):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorEnvelope(msgspec.Struct):
-    error: ErrorBody
-
 
 class OpenAIError(Exception):
     """An error the API reports to the client in OpenAI's shape."""

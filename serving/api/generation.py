@@ -12,13 +12,21 @@ from dataclasses import dataclass
 
 from litestar import Request
 
+from contract.openai_errors import ENGINE_ERROR, SHUTDOWN, TIMEOUT
 from serving.api.errors import OpenAIError, invalid, queue_full, unavailable
 from serving.api.schemas import SamplingFields
-from serving.api.state import ModelInfo, ServingState
+from serving.api.state import ServedModel, ServingState
 from serving.api.validation import check_context
-from serving.engine import Engine, EngineStopping, QueueFull
-from serving.requests import Event, EventSink, Failed, Finished, GenerationRequest, TextDelta
-from serving.step_plan import SamplingParams
+from serving.engine.engine import Engine, EngineStopping, QueueFull
+from serving.engine.requests import (
+    EventSink,
+    Failed,
+    Finished,
+    GenerationRequest,
+    RequestEvent,
+    TextDelta,
+)
+from serving.engine.step_plan import SamplingParams
 
 
 @dataclass
@@ -30,7 +38,7 @@ class Admitted:
     engine: Engine
     sink: EventSink
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncIterator[RequestEvent]:
         """Yield until Finished/Failed; a cancelled consumer cancels the request."""
         finished = False
         try:
@@ -79,12 +87,12 @@ async def _wait_disconnect(request: Request) -> None:
 
 def failure_error(event: Failed) -> OpenAIError:
     # A failed engine means the gang is going away: 503 tells the gateway to resend elsewhere.
-    status = {"timeout": 504, "shutdown": 503, "engine_error": 503}.get(event.code, 500)
-    err_type = "timeout" if event.code == "timeout" else "api_error"
+    status = {TIMEOUT: 504, SHUTDOWN: 503, ENGINE_ERROR: 503}.get(event.code, 500)
+    err_type = "timeout" if event.code == TIMEOUT else "api_error"
     return OpenAIError(status, event.message, type=err_type, code=event.code)
 
 
-def ready(state: ServingState) -> tuple[Engine, ModelInfo]:
+def ready(state: ServingState) -> tuple[Engine, ServedModel]:
     if state.status != "ready" or state.engine is None or state.model is None:
         raise unavailable(f"model is {state.status}")
     return state.engine, state.model
@@ -115,7 +123,7 @@ def admit(
     request_id = uuid.uuid4().hex
     request = GenerationRequest(
         request_id, prompt, params, stop, sink,
-        deadline=time.monotonic() + state.settings.request_timeout_s,
+        deadline=time.monotonic() + state.settings.serving.request_timeout_s,
     )
     try:
         engine.submit(request)

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-import msgspec
-
+from contract.openai_errors import DONE_EVENT, sse_error_event
+from contract.openai_errors import sse_event as sse
 from serving.api.generation import Admitted, failure_error
 from serving.api.schemas import Usage
-from serving.requests import Failed, Finished, TextDelta
-
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(payload: object) -> bytes:
-    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+from serving.engine.requests import Failed, Finished, TextDelta
 
 
 def usage_of(done: Finished) -> Usage:
@@ -48,5 +42,5 @@ async def stream_events(
             if usage is not None:
                 yield sse(usage(usage_of(event)))
         elif isinstance(event, Failed):
-            yield sse({"error": msgspec.to_builtins(failure_error(event).body)})
-    yield DONE
+            yield sse_error_event(failure_error(event).body)
+    yield DONE_EVENT

@@ -6,13 +6,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.engine import Engine
+from contract.settings import RankSettings
+from serving.engine.engine import Engine
 from serving.metrics import ServingMetrics
-from serving.settings import RankSettings
 
 
 @dataclass
-class ModelInfo:
+class ServedModel:
     tokenizer: Any  # mlx-lm TokenizerWrapper
     context_length: int
     vocab_size: int
@@ -28,11 +28,11 @@ class ServingState:
     metrics: ServingMetrics
     status: str = "loading"  # loading -> ready -> stopping
     engine: Engine | None = None
-    model: ModelInfo | None = None
+    model: ServedModel | None = None
     created: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def set_ready(self, engine: Engine, model: ModelInfo) -> None:
+    def set_ready(self, engine: Engine, model: ServedModel) -> None:
         with self.lock:
             self.engine, self.model = engine, model
             if self.status == "loading":

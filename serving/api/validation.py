@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from contract.settings import RankSettings
 from serving.api.errors import OpenAIError, invalid, model_not_found
 from serving.api.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
-from serving.settings import RankSettings
 
 T = TypeVar("T", bound=SamplingFields)
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -80,7 +80,7 @@ def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
 
 
 def effective_max_tokens(requested: int | None, settings: RankSettings) -> int:
-    return settings.max_tokens_default if requested is None else requested
+    return settings.serving.max_tokens_default if requested is None else requested
 
 
 def check_context(prompt_tokens: int, max_tokens: int, context_length: int) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from node_agent.protocol import PROTOCOL_VERSION
-from tests.orchestrator.transports.helpers import kill_if_alive, wait_gone
+from contract.agent_protocol import PROTOCOL_VERSION
+from testkit.agent_events import kill_if_alive, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)

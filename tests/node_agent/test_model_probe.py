@@ -128,10 +128,8 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
     assert info.kind == "gguf" and "not a GGUF file" in (info.error or "")
 
 
-def test_bundled_spec_uses_serving_bundled_model() -> None:
-    """`bundled:` resolves through serving.bundled_model.bundled_gguf_path."""
-    if importlib.util.find_spec("serving.bundled_model") is None:
-        pytest.skip("serving.bundled_model is not written yet")
+def test_bundled_spec_resolves_the_packaged_gguf() -> None:
+    """`bundled:` resolves through contract.bundled_models.bundled_gguf_path."""
     bundled_gguf()
     info = inspect_model("bundled:smollm2-135m-instruct")
     assert info.kind == "gguf" and info.exists and info.config is not None

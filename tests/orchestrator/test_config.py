@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_cluster
-from orchestrator.config_check import ConfigErrors, ConfigIssue, check_cluster_file
+from orchestrator.config import ConfigErrors, ConfigIssue, check_cluster_file, load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [ROOT / "cluster.toml.example", *sorted((ROOT / "docs" / "examples").glob("*.toml"))]

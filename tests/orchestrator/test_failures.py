@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.protocol import Exited
-from orchestrator.failures import Cause, classify_exit, root_cause
-from serving.exit_codes import RankExit
+from contract.agent_protocol import Exited
+from contract.exit_codes import RankExit
+from orchestrator.supervision.failures import Cause, classify_exit, root_cause
 from serving.faults import EBUSY_LINE
 
 
@@ -21,7 +21,12 @@ def exited(returncode: int | None = None, signal: str | None = None, *tail: str)
         (exited(1, None, "Traceback ...", "ValueError: boom"), Cause.RANK_CRASHED, "exit code 1"),
         (exited(RankExit.PEER_LOST), Cause.PEER_LOST, "peer_lost"),
         (exited(RankExit.DESYNC), Cause.DESYNC, "desync"),
-        (exited(RankExit.INTERNAL_ERROR, None, "BATCH DESYNC step 5: a != b"), Cause.DESYNC, ""),
+        # The exit code is the contract: a log line alone does not make a desync.
+        (
+            exited(RankExit.INTERNAL_ERROR, None, "BATCH DESYNC step 5: a != b"),
+            Cause.RANK_CRASHED,
+            "",
+        ),
         (exited(RankExit.DISTRIBUTED_INIT_FAILED, None, EBUSY_LINE), Cause.EBUSY, ""),
         (
             exited(

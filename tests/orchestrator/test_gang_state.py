@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.gang_state import GangState, InvalidTransition, StateMachine
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from orchestrator.supervision.state import GangState, InvalidTransition, StateMachine
+from testkit.fake_clock import FakeClock
 
 
 def test_happy_path_and_restart_loop() -> None:

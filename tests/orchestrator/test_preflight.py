@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from node_agent.fingerprint_types import NodeFingerprint
+from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec, NodeSpec
-from orchestrator.config_check import check_cluster_data
+from orchestrator.config.load import check_cluster_data
 from orchestrator.preflight import PreflightFailure, run_preflight
 from orchestrator.transports import LocalTransport
 

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import SupervisorSection
-from orchestrator.failures import Cause
-from orchestrator.restart_policy import RestartPolicy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from orchestrator.config.spec import SupervisorSection
+from orchestrator.supervision.failures import Cause
+from orchestrator.supervision.restart_policy import RestartPolicy
+from testkit.fake_clock import FakeClock
 
 
 def policy(**overrides: float) -> tuple[RestartPolicy, FakeClock]:

@@ -17,13 +17,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.orchestrator.orchestrator_process import (
+from testkit.orchestrator_process import (
     Orchestrator,
     run_cli,
     wait_no_launch,
     write_cluster,
 )
-from tests.sshd_fixture import SshdServer
+from testkit.sshd import SshdServer
 
 FAST_RESTARTS = {
     "backoff_initial_s": 0.5,

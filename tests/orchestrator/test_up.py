@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.orchestrator.orchestrator_process import (
+from testkit.orchestrator_process import (
     Orchestrator,
     launch_processes,
     run_cli,
@@ -21,7 +21,7 @@ from tests.orchestrator.orchestrator_process import (
     wait_no_launch,
     write_cluster,
 )
-from tests.sshd_fixture import SshdServer, run_sshd
+from testkit.sshd import SshdServer, run_sshd
 
 API_KEY = "test-key-123"
 KEY_ENV = {"TEST_ORCHESTRATOR_KEY": API_KEY}

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.helpers import metric_value, wait_until
-from tests.serving.rank_cluster import RankCluster, rank_cluster
+from testkit.rank_cluster import RankCluster, rank_cluster
+from testkit.waiting import metric_value, wait_until
 
 MODEL = "smollm2"
 

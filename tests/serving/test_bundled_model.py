@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from serving.bundled_model import (
-    BUNDLED_MODELS,
+from contract.bundled_models import BUNDLED_MODELS, UnknownBundledModel, bundled_gguf_path
+from serving.model.bundled import (
     MARKER_FILE,
     ModelPathError,
-    UnknownBundledModel,
-    bundled_gguf_path,
     bundled_model_cache_path,
     file_sha256,
     prepare_bundled_model,
@@ -32,7 +30,7 @@ NAME = "smollm2-135m-instruct"
 RESOLVER = """
 import json, logging, sys
 from pathlib import Path
-from serving.bundled_model import prepare_bundled_model
+from serving.model.bundled import prepare_bundled_model
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 result = prepare_bundled_model(sys.argv[1], Path(sys.argv[2]))
 print(json.dumps({"path": str(result.path), "converted": result.converted}))
@@ -174,7 +172,7 @@ def test_missing_package_names_the_install_command() -> None:
     which package to install and how."""
     script = (
         "import sys\n"
-        "from serving.bundled_model import bundled_gguf_path, BundledModelUnavailable\n"
+        "from contract.bundled_models import bundled_gguf_path, BundledModelUnavailable\n"
         "assert 'mlx' not in sys.modules\n"
         f"try:\n    bundled_gguf_path({NAME!r})\n"
         "except BundledModelUnavailable as e:\n    print(e)\n"

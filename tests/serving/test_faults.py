@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.exit_codes import RankExit
-from tests.serving.helpers import metric_value, wait_until
-from tests.serving.rank_cluster import rank_cluster
+from contract.exit_codes import RankExit
+from testkit.rank_cluster import rank_cluster
+from testkit.waiting import metric_value, wait_until
 
 
 def fire_request(base_url: str, max_tokens: int = 8) -> threading.Thread:

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving.rank_cluster import rank_cluster
+from testkit.rank_cluster import rank_cluster
 
 PROMPTS = [
     "What is the capital of France?",

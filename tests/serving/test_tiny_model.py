@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from serving.bundled_model import default_cache_dir
-from serving.tiny_model import write_tiny_model
+from serving.model.bundled import default_cache_dir
+from testkit.ports import free_ports
+from testkit.tiny_model import write_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = "Tell me a story about a robot."
@@ -125,13 +125,3 @@ def run_ring_ranks(workdir: Path, world_size: int, args: list[str]) -> list[dict
     return [json.loads(out) for out in outputs]
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()

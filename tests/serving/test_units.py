@@ -6,12 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from serving.cli import parse_settings
+from contract.exit_codes import RankExit, describe_exit
+from contract.settings import (
+    ModelSettings,
+    RankSettings,
+    ServingSettings,
+    SettingsError,
+    dump_settings,
+    load_settings,
+)
 from serving.distributed import DistributedEnvError, detect_env, is_peer_lost
-from serving.exit_codes import RankExit, describe_exit
-from serving.faults import Fault, FaultSpecError, parse_faults
-from serving.settings import RankSettings, SettingsError, dump_settings, load_settings
-from serving.step_plan import (
+from serving.engine.step_plan import (
     Insert,
     PlanChannel,
     PlanKind,
@@ -20,7 +25,9 @@ from serving.step_plan import (
     decode_payload,
     encode_payload,
 )
-from serving.worker import Desync, check_plan
+from serving.faults import Fault, FaultSpecError, parse_faults
+from serving.rank.cli import parse_settings
+from serving.rank.worker import Desync, check_plan
 
 
 def test_exit_codes_are_distinct_and_clear_of_shell_codes() -> None:
@@ -35,7 +42,10 @@ def test_exit_codes_are_distinct_and_clear_of_shell_codes() -> None:
 
 def test_settings_round_trip(tmp_path: Path) -> None:
     """dump_settings then load_settings gives the same settings."""
-    settings = RankSettings(model="bundled:smollm2-135m-instruct", api_port=9000, launch_id="x")
+    settings = RankSettings(
+        model=ModelSettings(path="bundled:smollm2-135m-instruct"),
+        serving=ServingSettings(rank_api_port=9000),
+    )
     dump_settings(settings, tmp_path / "s.json")
     assert load_settings(tmp_path / "s.json") == settings
 
@@ -43,10 +53,10 @@ def test_settings_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "content",
     [
-        '{"model": ""}',
-        '{"model": "m", "max_batch_size": 0}',
-        '{"model": "m", "bogus": 1}',
-        '{"model": "m", "max_tokens_default": 9, "max_tokens_limit": 4}',
+        '{"model": {"path": ""}}',
+        '{"model": {"path": "m"}, "serving": {"max_batch_size": 0}}',
+        '{"model": {"path": "m"}, "bogus": 1}',
+        '{"model": {"path": "m"}, "serving": {"max_tokens_default": 9, "max_tokens_limit": 4}}',
         "not json",
     ],
 )
@@ -59,10 +69,11 @@ def test_invalid_settings_file_is_rejected(tmp_path: Path, content: str) -> None
 
 def test_cli_flags_override_settings_file(tmp_path: Path) -> None:
     """--port overrides the file's api_port; --model alone is enough for development."""
-    dump_settings(RankSettings(model="m", api_port=9000), tmp_path / "s.json")
+    base = RankSettings(model=ModelSettings(path="m"), serving=ServingSettings(rank_api_port=9000))
+    dump_settings(base, tmp_path / "s.json")
     settings = parse_settings(["--settings", str(tmp_path / "s.json"), "--port", "9100"])
-    assert (settings.model, settings.api_port) == ("m", 9100)
-    assert parse_settings(["--model", "bundled:x"]).model == "bundled:x"
+    assert (settings.model.path, settings.serving.rank_api_port) == ("m", 9100)
+    assert parse_settings(["--model", "bundled:x"]).model.path == "bundled:x"
     with pytest.raises(SettingsError):
         parse_settings([])
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.protocol import Spawn, Spawned
+from contract.agent_protocol import Spawn, Spawned
 from orchestrator.config import NodeSpec
 from orchestrator.transports import AgentHandle, AgentRequestError, LocalTransport
-from tests.orchestrator.transports.helpers import kill_if_alive, pid_gone, wait_gone
+from testkit.agent_events import kill_if_alive, pid_gone, wait_gone
 
 
 @pytest.fixture

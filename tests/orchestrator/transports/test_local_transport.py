@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.agent_protocol import Exited, Spawn, Stop, Stopped
 from node_agent.code_digest import DIGEST_FILE
-from node_agent.protocol import Exited, Stop, Stopped
 from orchestrator.config import NodeSpec
 from orchestrator.transports import (
     AgentHandle,
@@ -22,7 +22,7 @@ from orchestrator.transports import (
     LocalTransport,
     TransportError,
 )
-from tests.orchestrator.transports.helpers import (
+from testkit.agent_events import (
     CHATTY_RANK,
     EventLog,
     kill_if_alive,
@@ -57,7 +57,8 @@ async def test_deploy_twice_copies_once(tmp_path: Path) -> None:
     assert first.code_dir == second.code_dir == str(tmp_path / "code" / first.digest)
     code = Path(first.code_dir)
     assert (code / DIGEST_FILE).read_text().strip() == first.digest
-    assert (code / "node_agent" / "protocol.py").is_file()
+    assert (code / "contract" / "agent_protocol.py").is_file()
+    assert (code / "node_agent" / "agent.py").is_file()
     assert (code / "serving" / "__init__.py").is_file()
     assert not [p for p in (tmp_path / "code").iterdir() if p.name.startswith(".tmp")]
 
@@ -89,7 +90,7 @@ async def test_spawn_logs_stop_and_exit(
     handle, events, _ = agent
     log_file = tmp_path / "logs" / "rank0.log"
     spawned = await handle.spawn(
-        0, CHATTY_RANK, log_file=str(log_file), env={"MLX_LAUNCH_ID": "L1"}
+        Spawn(rank=0, argv=CHATTY_RANK, log_file=str(log_file), env={"MLX_LAUNCH_ID": "L1"})
     )
     try:
         await events.wait_for(lambda: "warn on stderr" in events.lines(0, "stderr"))
@@ -120,7 +121,7 @@ async def test_exit_code_and_stderr_tail(
     """A rank that fails reports its exit code and its last stderr lines."""
     handle, events, _ = agent
     script = "import sys\nfor i in range(3): print('oops', i, file=sys.stderr)\nsys.exit(21)"
-    await handle.spawn(4, [sys.executable, "-c", script])
+    await handle.spawn(Spawn(rank=4, argv=[sys.executable, "-c", script]))
     exited = await events.wait_exit(4)
     assert (exited.returncode, exited.signal, exited.stopped) == (21, None, False)
     assert exited.stderr_tail == ["oops 0", "oops 1", "oops 2"]
@@ -138,7 +139,7 @@ async def test_sigterm_ignored_then_sigkill_and_group(
         "print('child', child.pid, flush=True)\n"
         "time.sleep(1000)\n"
     )
-    spawned = await handle.spawn(1, [sys.executable, "-c", script])
+    spawned = await handle.spawn(Spawn(rank=1, argv=[sys.executable, "-c", script]))
     await events.wait_for(lambda: any(line.startswith("child ") for line in events.lines(1)))
     child = int(next(line for line in events.lines(1) if line.startswith("child ")).split()[1])
     try:
@@ -155,7 +156,7 @@ async def test_rank_env_and_code_path(agent: tuple[AgentHandle, EventLog, LocalT
     handle, events, transport = agent
     hostile = "$(touch /tmp/pwned-env); `id`; 'q\" -rf"
     script = "import os, node_agent\nprint(node_agent.__file__)\nprint(os.environ['HOSTILE'])"
-    await handle.spawn(2, [sys.executable, "-c", script], env={"HOSTILE": hostile})
+    await handle.spawn(Spawn(rank=2, argv=[sys.executable, "-c", script], env={"HOSTILE": hostile}))
     await events.wait_exit(2)
     where, value = events.lines(2, "stdout")
     assert transport._deployed is not None
@@ -168,20 +169,20 @@ async def test_request_errors(
 ) -> None:
     """Busy rank, unknown rank, bad cwd and a missing program are refused with codes."""
     handle, _, _ = agent
-    spawned = await handle.spawn(0, ["sleep", "1000"])
+    spawned = await handle.spawn(Spawn(rank=0, argv=["sleep", "1000"]))
     try:
         with pytest.raises(AgentRequestError) as busy:
-            await handle.spawn(0, ["sleep", "1"])
+            await handle.spawn(Spawn(rank=0, argv=["sleep", "1"]))
         assert busy.value.code == "spawn_failed" and "already running" in busy.value.message
         with pytest.raises(AgentRequestError) as unknown:
             await handle.stop(7)
         assert unknown.value.code == "unknown_rank"
         marker = tmp_path / "pwned-cwd"
         with pytest.raises(AgentRequestError) as bad_cwd:
-            await handle.spawn(3, ["true"], cwd=f"/nonexistent; touch {marker}")
+            await handle.spawn(Spawn(rank=3, argv=["true"], cwd=f"/nonexistent; touch {marker}"))
         assert "not a directory" in bad_cwd.value.message and not marker.exists()
         with pytest.raises(AgentRequestError) as missing:
-            await handle.spawn(3, [f"no-such-program; touch {marker}"])
+            await handle.spawn(Spawn(rank=3, argv=[f"no-such-program; touch {marker}"]))
         assert missing.value.code == "spawn_failed" and not marker.exists()
     finally:
         await handle.stop(None, grace_s=1.0)
@@ -193,7 +194,7 @@ async def test_close_stops_ranks(tmp_path: Path) -> None:
     events = EventLog()
     transport = LocalTransport(local_node(), code_cache=tmp_path / "code")
     handle = await transport.start_agent(on_event=events)
-    pids = [(await handle.spawn(r, ["sleep", "1000"])).pid for r in range(2)]
+    pids = [(await handle.spawn(Spawn(rank=r, argv=["sleep", "1000"]))).pid for r in range(2)]
     try:
         exit_info = await handle.close()
         assert exit_info.exit_status == 0
@@ -211,7 +212,7 @@ async def test_agent_sigkill_kills_ranks(tmp_path: Path) -> None:
     """A SIGKILLed agent takes its ranks with it, and the handle reports the loss."""
     transport = LocalTransport(local_node(), code_cache=tmp_path / "code")
     handle = await transport.start_agent()
-    rank = (await handle.spawn(0, ["sleep", "1000"])).pid
+    rank = (await handle.spawn(Spawn(rank=0, argv=["sleep", "1000"]))).pid
     try:
         assert handle.hello is not None
         os.kill(handle.hello.pid, signal.SIGKILL)
@@ -269,7 +270,7 @@ async def test_request_timeout_is_a_timeout(
         "print('ignoring SIGTERM', flush=True)\n"
         "time.sleep(1000)\n"
     )
-    spawned = await handle.spawn(0, [sys.executable, "-c", script])
+    spawned = await handle.spawn(Spawn(rank=0, argv=[sys.executable, "-c", script]))
     try:
         await events.wait_for(lambda: "ignoring SIGTERM" in events.lines(0))
         with pytest.raises(TimeoutError):

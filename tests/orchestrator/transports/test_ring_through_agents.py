@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
+from contract.agent_protocol import Spawn
 from orchestrator.config import NodeSpec
 from orchestrator.transports import LocalTransport
-from tests.orchestrator.transports.helpers import EventLog
+from testkit.agent_events import EventLog
+from testkit.ports import free_ports
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,16 +23,6 @@ RANK = (
     "mx.eval(total)\n"
     "print('rank', group.rank(), 'of', group.size(), 'sum', total.item(), flush=True)\n"
 )
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 async def test_ring_group_across_two_agents(tmp_path: Path) -> None:
@@ -49,7 +40,8 @@ async def test_ring_group_across_two_agents(tmp_path: Path) -> None:
         ]
         for rank, agent in enumerate(agents):
             env = {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
-            await agent.spawn(rank, [sys.executable, "-c", RANK], env=env, launch_id="ring-test")
+            env["MLX_LAUNCH_ID"] = "ring-test"
+            await agent.spawn(Spawn(rank=rank, argv=[sys.executable, "-c", RANK], env=env))
         for rank, log in enumerate(logs):
             exited = await log.wait_exit(rank, timeout=90.0)
             assert exited.returncode == 0, exited.stderr_tail

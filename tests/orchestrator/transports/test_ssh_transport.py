@@ -13,17 +13,18 @@ from typing import Any
 
 import pytest
 
+from contract.agent_protocol import Spawn
 from node_agent.code_digest import DIGEST_FILE
 from orchestrator.transports import AgentHandle, ErrorKind, SshTransport, TransportError
 from orchestrator.transports.deploy import CodeBundle
-from tests.orchestrator.transports.helpers import (
+from testkit.agent_events import (
     CHATTY_RANK,
     EventLog,
     kill_if_alive,
     pid_gone,
     wait_gone,
 )
-from tests.sshd_fixture import SshdServer
+from testkit.sshd import SshdServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,7 +86,10 @@ async def test_spawn_logs_stop_exit_over_ssh(
 ) -> None:
     """Spawn, receive log lines, stop, receive the exit, over the SSH channel."""
     handle, events, _ = ssh_agent
-    spawned = await handle.spawn(0, CHATTY_RANK, log_file=str(tmp_path / "r0.log"), launch_id="L7")
+    log_file = str(tmp_path / "r0.log")
+    spawned = await handle.spawn(
+        Spawn(rank=0, argv=CHATTY_RANK, log_file=log_file, env={"MLX_LAUNCH_ID": "L7"})
+    )
     try:
         await events.wait_for(lambda: "warn on stderr" in events.lines(0, "stderr"))
         assert "launch L7" in events.lines(0, "stdout")
@@ -98,7 +102,7 @@ async def test_spawn_logs_stop_exit_over_ssh(
         )
         assert (await events.wait_exit(0)).pid == spawned.pid
         assert pid_gone(spawned.pid)
-        await handle.spawn(1, ["sh", "-c", "echo bye; exit 5"])
+        await handle.spawn(Spawn(rank=1, argv=["sh", "-c", "echo bye; exit 5"]))
         assert (await events.wait_exit(1)).returncode == 5
         assert "bye" in events.lines(1)
     finally:
@@ -110,7 +114,7 @@ async def test_killed_connection_kills_ranks(sshd: SshdServer, tmp_path: Path) -
     t = transport(sshd, tmp_path)
     await t.connect()
     handle = await t.start_agent()
-    rank = (await handle.spawn(0, ["sleep", "1000"])).pid
+    rank = (await handle.spawn(Spawn(rank=0, argv=["sleep", "1000"]))).pid
     assert handle.hello is not None
     try:
         for pid in sshd.session_pids(handle.hello.pid):
@@ -129,7 +133,7 @@ async def test_frozen_link_noticed_on_both_sides(sshd: SshdServer, tmp_path: Pat
     t = transport(sshd, tmp_path)
     await t.connect()
     handle = await t.start_agent(lease_s=2.0, grace_s=1.0)
-    rank = (await handle.spawn(0, ["sleep", "1000"])).pid
+    rank = (await handle.spawn(Spawn(rank=0, argv=["sleep", "1000"]))).pid
     assert handle.hello is not None
     session = sshd.session_pids(handle.hello.pid)
     try:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.protocol import Spawn, Spawned
+from contract.agent_protocol import Spawn, Spawned
 from orchestrator.config import NodeSpec
 from orchestrator.transports import AgentHandle, LocalTransport
-from tests.orchestrator.transports.helpers import EventLog, kill_if_alive, pid_gone, wait_gone
+from testkit.agent_events import EventLog, kill_if_alive, pid_gone, wait_gone
 
 # Like `python -m serving`: as a standby it waits for "go" on stdin before its real work.
 HELD_RANK = [
@@ -43,7 +43,7 @@ def request(tmp_path: Path, launch_id: str, standby: bool = False) -> Spawn:
         argv=HELD_RANK,
         cwd=str(tmp_path / launch_id),
         files={"settings": f"settings of {launch_id}"},
-        launch_id=launch_id,
+        env={"MLX_LAUNCH_ID": launch_id},
         standby=standby,
     )
 

@@ -1,0 +1,238 @@
+"""The agent protocol: typed messages, one JSON object per line.
+
+    orchestrator ──Request (id)──────▶ agent   Open, Fingerprint, Spawn, Stop, Ping, ListRanks,
+                                                 CheckPorts, Reap
+    orchestrator ◀──Reply (same id)─── agent   Ok, ErrorReply, FingerprintResult, Spawned,
+                                                 Stopped, Pong, RankList, PortsResult, Reaped
+    orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited
+
+Every message carries its kind in the `type` field (a msgspec tagged union).
+The agent writes `Hello` as soon as it starts; the orchestrator's first request
+must be `Open` with its PROTOCOL_VERSION, which the agent refuses (and then
+exits) when it differs from its own. Importable without heavy dependencies:
+msgspec and the standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from msgspec import Struct
+
+from contract.fingerprint import NodeFingerprint
+
+PROTOCOL_VERSION = 3
+
+# Error codes of ErrorReply.
+PROTOCOL_MISMATCH = "protocol_mismatch"
+HANDSHAKE_REQUIRED = "handshake_required"
+BAD_REQUEST = "bad_request"
+RANK_EXISTS = "rank_exists"
+SPAWN_FAILED = "spawn_failed"
+UNKNOWN_RANK = "unknown_rank"
+INTERNAL = "internal"
+
+
+class Message(Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """Base of every wire message."""
+
+
+# ── requests (orchestrator → agent) ──────────────────────────────────────────
+
+
+class Open(Message, tag="open", kw_only=True):
+    """Handshake. lease_s: when set, the agent stops its ranks and exits if no
+    request arrives for that long (the handle pings every lease_s / 3)."""
+
+    id: int = 0
+    protocol_version: int
+    lease_s: float | None = None
+
+
+class Fingerprint(Message, tag="fingerprint", kw_only=True):
+    id: int = 0
+    model: str | None = None  # the model spec to inspect ("bundled:..." or a path)
+
+
+class Spawn(Message, tag="spawn", kw_only=True):
+    """Start one rank process in its own session (process group)."""
+
+    id: int = 0
+    rank: int
+    argv: list[str]
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    inherit_env: bool = True  # start from the agent's environment, then apply env
+    cwd: str | None = None
+    log_file: str | None = None  # both streams are appended here, raw
+    # Plain file name -> text, written (mode 0600) into cwd, which is created if missing:
+    # the rank's settings and hostfile travel with the request, no extra copy step.
+    files: dict[str, str] = msgspec.field(default_factory=dict)
+    # Start the process now but hold it before its real work: it runs with
+    # rank_env.STANDBY=1 and waits for rank_env.STANDBY_GO on stdin. A later Spawn equal
+    # in every field but id and standby adopts it (same pid) instead of starting a new
+    # process, so a relaunch skips interpreter start and imports.
+    standby: bool = False
+
+
+class Stop(Message, tag="stop", kw_only=True):
+    """SIGTERM to the rank's process group, SIGKILL after grace_s; replies once gone."""
+
+    id: int = 0
+    rank: int | None = None  # None: every rank
+    grace_s: float = 10.0
+
+
+class Ping(Message, tag="ping", kw_only=True):
+    id: int = 0
+
+
+class ListRanks(Message, tag="list", kw_only=True):
+    id: int = 0
+
+
+class CheckPorts(Message, tag="check_ports", kw_only=True):
+    """Which of these TCP ports cannot be bound on host (preflight: ports in use)."""
+
+    id: int = 0
+    host: str
+    ports: list[int]
+
+
+class Reap(Message, tag="reap", kw_only=True):
+    """End a process a previous run left behind, only if its env carries launch_id
+    (in rank_env.LAUNCH_ID, which every rank of a launch is started with)."""
+
+    id: int = 0
+    pid: int
+    launch_id: str
+    grace_s: float = 5.0
+
+
+Request = Open | Fingerprint | Spawn | Stop | Ping | ListRanks | CheckPorts | Reap
+
+
+# ── replies (agent → orchestrator, same id) ──────────────────────────────────
+
+
+class Ok(Message, tag="ok", kw_only=True):
+    id: int
+
+
+class ErrorReply(Message, tag="error", kw_only=True):
+    id: int | None  # None when the request could not even be parsed
+    code: str
+    message: str
+
+
+class FingerprintResult(Message, tag="fingerprint_result", kw_only=True):
+    id: int
+    fingerprint: NodeFingerprint
+
+
+class Spawned(Message, tag="spawned", kw_only=True):
+    id: int
+    rank: int
+    pid: int
+
+
+class Pong(Message, tag="pong", kw_only=True):
+    id: int
+    agent_time: float
+    ranks: int
+
+
+class RankInfo(Struct, kw_only=True):
+    rank: int
+    pid: int
+    launch_id: str | None = None
+    argv: list[str] = msgspec.field(default_factory=list)
+    started_at: float  # time.time() on the node
+
+
+class RankList(Message, tag="ranks", kw_only=True):
+    id: int
+    ranks: list[RankInfo] = msgspec.field(default_factory=list)
+
+
+class PortsResult(Message, tag="ports", kw_only=True):
+    id: int
+    in_use: list[int] = msgspec.field(default_factory=list)
+
+
+class Reaped(Message, tag="reaped", kw_only=True):
+    id: int
+    pid: int
+    killed: bool  # True: it was ours and has been ended
+    reason: str  # why not, when killed is False ("not running", "launch id differs")
+
+
+# ── events (agent → orchestrator, pushed) ────────────────────────────────────
+
+
+class Hello(Message, tag="hello", kw_only=True):
+    agent_version: str
+    protocol_version: int
+    pid: int
+    hostname: str
+    python: str
+    code_digest: str | None = None
+
+
+class Log(Message, tag="log", kw_only=True):
+    rank: int
+    stream: Literal["stdout", "stderr"]
+    line: str
+
+
+class Exited(Message, tag="exited", kw_only=True):
+    rank: int
+    pid: int
+    launch_id: str | None = None
+    returncode: int | None = None  # exit status when it exited by itself
+    signal: str | None = None  # "SIGKILL" when a signal ended it
+    stopped: bool = False  # True when a Stop request (or agent shutdown) ended it
+    stderr_tail: list[str] = msgspec.field(default_factory=list)
+
+
+class Stopped(Message, tag="stopped", kw_only=True):
+    id: int
+    exits: list[Exited] = msgspec.field(default_factory=list)
+
+
+Reply = (
+    Ok | ErrorReply | FingerprintResult | Spawned | Stopped | Pong | RankList | PortsResult | Reaped
+)
+Event = Hello | Log | Exited
+AgentMessage = Reply | Event
+
+
+class _IdOnly(Struct):
+    """Salvages the id of a request that failed to decode, to address the error."""
+
+    id: int | None = None
+
+
+_encoder = msgspec.json.Encoder()
+_request_decoder = msgspec.json.Decoder(Request)
+_agent_decoder = msgspec.json.Decoder(AgentMessage)
+
+
+def encode(msg: Message) -> bytes:
+    """One wire line: JSON without newlines (JSON escapes them) plus b"\\n"."""
+    return _encoder.encode(msg) + b"\n"
+
+
+def decode_request(line: bytes) -> Request:
+    return _request_decoder.decode(line)
+
+
+def decode_agent_message(line: bytes) -> AgentMessage:
+    return _agent_decoder.decode(line)
+
+
+def salvage_id(line: bytes) -> int | None:
+    try:
+        return msgspec.json.decode(line, type=_IdOnly).id
+    except msgspec.DecodeError:
+        return None

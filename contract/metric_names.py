@@ -1,0 +1,17 @@
+"""The serving_* metrics of rank 0 that the orchestrator reads back (progress watchdog,
+status). Counters are exposed with a `_total` suffix; `sample_name` gives that name."""
+
+from __future__ import annotations
+
+REQUESTS_RUNNING = "serving_requests_running"
+REQUESTS_WAITING = "serving_requests_waiting"
+STEPS = "serving_steps"  # counter
+GENERATION_TOKENS = "serving_generation_tokens"  # counter
+LAST_STEP_TIMESTAMP = "serving_last_step_timestamp_seconds"
+
+COUNTERS = frozenset({STEPS, GENERATION_TOKENS})
+
+
+def sample_name(metric: str) -> str:
+    """The name a metric's value has in the Prometheus text format."""
+    return f"{metric}_total" if metric in COUNTERS else metric

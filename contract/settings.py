@@ -1,0 +1,126 @@
+"""The one settings type of a serving rank, and the cluster.toml tables it is made of.
+
+cluster.toml's `[model]` and `[serving]` tables are `ModelSettings` and `ServingSettings`
+themselves: the orchestrator parses them, puts them into a `RankSettings` with what only
+it knows (rank 0's API address, the stop grace), and writes that as JSON into every
+rank's directory. Nothing is copied field by field, and the limits are declared once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, NamedTuple
+
+import msgspec
+from msgspec import Meta
+
+Port = Annotated[int, Meta(ge=1, le=65535)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+PositiveSeconds = Annotated[float, Meta(gt=0)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+
+DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
+
+
+class SettingsError(ValueError):
+    """The settings file or flags are invalid."""
+
+
+class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of every settings table: unknown keys are errors, so typos never pass silently."""
+
+
+class ModelSettings(Section):
+    path: str = DEFAULT_MODEL  # "bundled:<name>" or a model directory present on every node
+    # The id clients pass as `model`; defaults to the path's last component.
+    id: str | None = None
+    # Longest prompt + completion in tokens; None takes the model's own limit.
+    context_length: PositiveInt | None = None
+
+    @property
+    def served_id(self) -> str:
+        if self.id:
+            return self.id
+        return self.path.removeprefix("bundled:").rstrip("/").rsplit("/", 1)[-1]
+
+
+class ServingSettings(Section):
+    max_batch_size: PositiveInt = 8  # sequences decoded together (continuous batching)
+    max_tokens_default: PositiveInt = 512  # when a request gives no max_tokens
+    max_tokens_limit: PositiveInt = 4096  # the most a request may ask for
+    # Idle workers sleep most of this between keepalives (MLX's ring busy-polls in a
+    # collective), so it bounds the first request's extra wait after an idle spell.
+    keepalive_s: PositiveSeconds = 0.5
+    request_timeout_s: PositiveSeconds = 600.0  # a request running longer ends with an error
+    queue_limit: PositiveInt = 64  # requests waiting for a batch slot before 429
+    # Rank 0's internal OpenAI API, on rank 0's node; the gateway proxies to it.
+    rank_api_port: Port = 52200
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024  # larger bodies get 413
+    prefill_step_size: PositiveInt = 2048
+    prompt_cache_size: NonNegativeInt = 10  # finished sequences kept for prefix reuse; 0: off
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
+
+
+class RankSettings(Section):
+    """What a rank needs to know; identical on every rank of a launch."""
+
+    model: ModelSettings
+    serving: ServingSettings = msgspec.field(default_factory=ServingSettings)
+    api_host: str = "127.0.0.1"  # rank 0's internal API listens here
+    shutdown_grace_s: NonNegativeSeconds = 10.0  # how long SIGTERM waits for in-flight requests
+    model_cache_dir: str | None = None  # where bundled models are converted; None = default
+
+    def __post_init__(self) -> None:
+        problems = settings_problems(self.model, self.serving)
+        if problems:
+            raise SettingsError("; ".join(f"{p.path}: {p.message}" for p in problems))
+
+
+class Problem(NamedTuple):
+    path: str  # the field, as cluster.toml spells it ("serving.max_tokens_default")
+    message: str
+    fix: str
+
+
+def settings_problems(model: ModelSettings, serving: ServingSettings) -> list[Problem]:
+    """What the field types cannot say: rules that span fields, and empty strings."""
+    problems = []
+    if not model.path.strip():
+        problems.append(
+            Problem("model.path", "is empty", "give the model directory's path on every node")
+        )
+    if model.id is not None and not model.id.strip():
+        problems.append(
+            Problem("model.id", "is empty", "remove it to use the model's directory name")
+        )
+    if serving.max_tokens_default > serving.max_tokens_limit:
+        problems.append(
+            Problem(
+                "serving.max_tokens_default",
+                f"{serving.max_tokens_default} is above max_tokens_limit "
+                f"{serving.max_tokens_limit}",
+                "lower it or raise max_tokens_limit",
+            )
+        )
+    return problems
+
+
+def load_settings(path: Path) -> RankSettings:
+    """Read settings from a JSON file; raises SettingsError with the reason."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=RankSettings)
+    except OSError as exc:
+        raise SettingsError(f"cannot read settings file {path}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise SettingsError(f"invalid settings file {path}: {exc}") from exc
+
+
+def encode_settings(settings: RankSettings) -> bytes:
+    """The JSON the orchestrator writes into each rank's directory."""
+    return msgspec.json.format(msgspec.json.encode(settings))
+
+
+def dump_settings(settings: RankSettings, path: Path) -> None:
+    path.write_bytes(encode_settings(settings))

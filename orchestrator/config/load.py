@@ -1,0 +1,145 @@
+"""Turns a cluster.toml into a ClusterSpec, reporting every problem at once.
+
+msgspec stops at the first error, so tables are converted field by field here:
+each issue carries its field path (`nodes[1].ip`), what was wrong and what would
+be valid. Semantic rules that span fields live in `rules.py`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from orchestrator.config.issues import ConfigErrors, ConfigIssue
+from orchestrator.config.rules import semantic_issues
+from orchestrator.config.spec import ClusterSpec
+
+
+def check_cluster_file(file: Path) -> tuple[ClusterSpec, list[ConfigIssue]]:
+    """Parse, convert and check a cluster.toml; returns the spec and its warnings."""
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        issue = ConfigIssue("", "file not found", "pass the path of an existing cluster.toml")
+        raise ConfigErrors(file, [issue]) from None
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message already ends with "(at line L, column C)".
+        issue = ConfigIssue("", f"TOML syntax error: {exc}", "fix the syntax at that line")
+        raise ConfigErrors(file, [issue]) from None
+    return check_cluster_data(data, file)
+
+
+def check_cluster_data(data: dict[str, Any], file: Path) -> tuple[ClusterSpec, list[ConfigIssue]]:
+    _normalise_rdma_self_entries(data)
+    issues: list[ConfigIssue] = []
+    spec = _convert_struct(data, ClusterSpec, "", issues)
+    if spec is not None:
+        issues.extend(semantic_issues(spec))
+    errors = [issue for issue in issues if issue.severity == "error"]
+    if errors or spec is None:
+        raise ConfigErrors(file, errors)
+    return spec, [issue for issue in issues if issue.severity == "warning"]
+
+
+def _normalise_rdma_self_entries(data: dict[str, Any]) -> None:
+    # TOML has no null: "" marks a node's own index in its rdma list.
+    for node in data.get("nodes", []) if isinstance(data.get("nodes"), list) else []:
+        if isinstance(node, dict) and isinstance(node.get("rdma"), list):
+            node["rdma"] = [None if entry == "" else entry for entry in node["rdma"]]
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _convert_struct(
+    data: object, cls: type[msgspec.Struct], path: str, issues: list[ConfigIssue]
+) -> Any:
+    if not isinstance(data, dict):
+        where = path or "the file"
+        issues.append(
+            ConfigIssue(path, f"expected a table, got {_describe(data)}", f"make {where} a table")
+        )
+        return None
+    fields = {f.encode_name: f for f in msgspec.structs.fields(cls)}
+    start = len(issues)
+    for key in data:
+        if key not in fields:
+            issues.append(ConfigIssue(_join(path, key), "unknown key", _suggest(key, list(fields))))
+    values: dict[str, Any] = {}
+    for name, field in fields.items():
+        if name in data:
+            values[field.name] = _convert_value(data[name], field.type, _join(path, name), issues)
+        elif field.required:
+            issues.append(
+                ConfigIssue(_join(path, name), "missing required key", _required_fix(name))
+            )
+    if len(issues) > start:
+        return None
+    return cls(**values)
+
+
+def _convert_value(value: object, annotation: Any, path: str, issues: list[ConfigIssue]) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return _convert_struct(value, annotation, path, issues)
+    if typing.get_origin(annotation) is list:
+        (item_type,) = typing.get_args(annotation)
+        if isinstance(item_type, type) and issubclass(item_type, msgspec.Struct):
+            if not isinstance(value, list):
+                fix = f"write one [[{path}]] table per item"
+                issues.append(
+                    ConfigIssue(path, f"expected a list of tables, got {_describe(value)}", fix)
+                )
+                return None
+            return [
+                _convert_struct(item, item_type, f"{path}[{i}]", issues)
+                for i, item in enumerate(value)
+            ]
+    try:
+        return msgspec.convert(value, annotation, strict=True)
+    except msgspec.ValidationError as exc:
+        issues.append(ConfigIssue(path, f"{value!r} is not valid: {exc}", _type_fix(annotation)))
+        return None
+
+
+def _type_fix(annotation: Any) -> str:
+    choices = _literal_choices(annotation)
+    if choices:
+        return "use one of: " + ", ".join(repr(choice) for choice in choices)
+    return "see docs/configuration.md for this key"
+
+
+def _literal_choices(annotation: Any) -> list[object]:
+    if typing.get_origin(annotation) is Literal:
+        return list(typing.get_args(annotation))
+    choices: list[object] = []
+    for arg in typing.get_args(annotation):
+        choices.extend(_literal_choices(arg))
+    return choices
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}valid keys here: {', '.join(sorted(valid))}"
+
+
+def _required_fix(name: str) -> str:
+    if name == "nodes":
+        return 'add at least one [[nodes]] table, e.g. name = "a", transport = "local"'
+    return f"add {name} = ..."
+
+
+def _describe(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read and check cluster.toml; raises ConfigErrors listing every problem."""
+    spec, _warnings = check_cluster_file(Path(path))
+    return spec

@@ -1,0 +1,231 @@
+"""Rules of cluster.toml that span several fields (the per-field types are in spec.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+
+from contract import rank_env
+from contract.bundled_models import BUNDLED_MODELS, BUNDLED_PREFIX, known_bundled_specs
+from contract.settings import settings_problems
+from orchestrator.config.issues import ConfigIssue
+from orchestrator.config.spec import ClusterSpec
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Home routers hand out these subnets; a Thunderbolt link there routes traffic the wrong way.
+ROUTER_SUBNETS = (ipaddress.ip_network("192.168.0.0/24"), ipaddress.ip_network("192.168.1.0/24"))
+
+
+def semantic_issues(spec: ClusterSpec) -> list[ConfigIssue]:
+    rules = (
+        _node_names,
+        _transports,
+        _addresses,
+        _endpoints,
+        _rdma,
+        _env,
+        _api,
+        _model,
+        _settings,
+        _supervisor,
+    )
+    return [issue for rule in rules for issue in rule(spec)]
+
+
+def _node_names(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    if not spec.nodes:
+        yield ConfigIssue("nodes", "no nodes", 'add a [[nodes]] table, e.g. name = "a"')
+    seen: dict[str, int] = {}
+    for index, node in enumerate(spec.nodes):
+        if node.name in seen:
+            yield ConfigIssue(
+                f"nodes[{index}].name",
+                f"{node.name!r} is already the name of nodes[{seen[node.name]}]",
+                "give every node a unique name",
+            )
+        seen.setdefault(node.name, index)
+
+
+def _transports(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    for index, node in enumerate(spec.nodes):
+        path = f"nodes[{index}]"
+        if node.transport == "ssh" and not node.ssh:
+            yield ConfigIssue(
+                f"{path}.ssh",
+                "transport is 'ssh' but no ssh target is set",
+                'set ssh = "user@host" (or "host")',
+            )
+        if node.transport == "ssh" and node.ssh and node.ssh.startswith("-"):
+            yield ConfigIssue(f"{path}.ssh", f"{node.ssh!r} starts with '-'", "give a host name")
+        if node.transport == "local" and node.ssh:
+            yield ConfigIssue(
+                f"{path}.ssh",
+                "is ignored with transport = 'local'",
+                'set transport = "ssh" or remove ssh',
+                "warning",
+            )
+
+
+def _addresses(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    for index, node in enumerate(spec.nodes):
+        path = f"nodes[{index}].ip"
+        if node.ip is None:
+            if spec.world_size > 1:
+                yield ConfigIssue(
+                    path,
+                    f"missing: the {spec.cluster.backend} backend needs the address "
+                    "other ranks reach this node at",
+                    'set ip = "10.0.0.2" (the node\'s Thunderbolt address; 127.0.0.1 for '
+                    "ranks on this machine)",
+                )
+            continue
+        try:
+            address = ipaddress.ip_address(node.ip)
+        except ValueError:
+            yield ConfigIssue(
+                path,
+                f"{node.ip!r} is not an IP address",
+                'use a numeric address such as "10.0.0.2"',
+            )
+            continue
+        if spec.cluster.backend == "jaccl" and any(address in net for net in ROUTER_SUBNETS):
+            yield ConfigIssue(
+                path,
+                f"{node.ip} is in a subnet home routers use; the RDMA link's "
+                "traffic may go through the router instead",
+                "give the Thunderbolt link its own subnet, e.g. 10.0.0.0/24",
+                "warning",
+            )
+
+
+def _endpoints(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    """Every (ip, port) a rank or the rank-0 API listens on must be unique and in range."""
+    last_port = spec.cluster.rank_port + spec.world_size - 1
+    if last_port > 65535:
+        yield ConfigIssue(
+            "cluster.rank_port",
+            f"ranks would need ports up to {last_port}",
+            f"use a rank_port at most {65536 - spec.world_size}",
+        )
+        return
+    users: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for rank, node in enumerate(spec.nodes):
+        users[(node.rank_ip, spec.cluster.rank_port + rank)].append(f"rank {rank} ({node.name})")
+    if spec.nodes:
+        rank0_ip = spec.rank0_api_host
+        users[(rank0_ip, spec.serving.rank_api_port)].append("serving.rank_api_port")
+        if spec.nodes[0].transport == "local":
+            users[(rank0_ip, spec.api.port)].append("api.port")
+    for (ip, port), names in users.items():
+        if len(names) > 1:
+            yield ConfigIssue(
+                "cluster.rank_port",
+                f"{ip}:{port} is used by {' and '.join(names)}",
+                "give each listener its own address or port (rank i uses rank_port + i)",
+            )
+
+
+def _rdma(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    size = spec.world_size
+    for index, node in enumerate(spec.nodes):
+        path = f"nodes[{index}].rdma"
+        if spec.cluster.backend != "jaccl":
+            if node.rdma is not None:
+                yield ConfigIssue(
+                    path,
+                    "is only used by the jaccl backend",
+                    'remove it or set cluster.backend = "jaccl"',
+                    "warning",
+                )
+            continue
+        example = _rdma_example(index, size)
+        if node.rdma is None:
+            yield ConfigIssue(
+                path,
+                "missing: jaccl needs this node's RDMA device towards each rank",
+                f"set rdma = {example}",
+            )
+            continue
+        if len(node.rdma) != size:
+            yield ConfigIssue(
+                path,
+                f"has {len(node.rdma)} entries for {size} nodes",
+                f"one entry per node, e.g. rdma = {example}",
+            )
+            continue
+        for peer, device in enumerate(node.rdma):
+            if peer == index and device is not None:
+                yield ConfigIssue(
+                    f"{path}[{peer}]",
+                    f"{device!r} at the node's own index",
+                    f'use "" at index {peer} (a node has no link to itself)',
+                )
+            if peer != index and not device:
+                yield ConfigIssue(
+                    f"{path}[{peer}]",
+                    f"no device towards {spec.nodes[peer].name}",
+                    'name the device, e.g. "rdma_en2" (ibv_devices lists them)',
+                )
+
+
+def _rdma_example(index: int, size: int) -> str:
+    entries = ['""' if peer == index else f'"rdma_en{peer + 2}"' for peer in range(size)]
+    return "[" + ", ".join(entries) + "]"
+
+
+def _env(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    for index, node in enumerate(spec.nodes):
+        for key in node.env:
+            path = f"nodes[{index}].env.{key}"
+            if not ENV_NAME.match(key):
+                yield ConfigIssue(
+                    path,
+                    f"{key!r} is not a valid environment variable name",
+                    "use letters, digits and _, not starting with a digit",
+                )
+            elif key in rank_env.RESERVED:
+                yield ConfigIssue(path, "is set by the orchestrator for each rank", "remove it")
+            elif key == rank_env.METAL_FAST_SYNCH:
+                yield ConfigIssue(
+                    path,
+                    "the orchestrator already sets it for jaccl, where it is "
+                    "faster on some setups; MLX's docs say it can deadlock",
+                    "remove it unless you measured that you need it",
+                    "warning",
+                )
+
+
+def _api(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    name = spec.api.api_key_env
+    if name is not None and not ENV_NAME.match(name):
+        yield ConfigIssue(
+            "api.api_key_env",
+            f"{name!r} is not a valid environment variable name",
+            'name the variable, e.g. api_key_env = "ORCHESTRATOR_API_KEY"; never the key',
+        )
+
+
+def _model(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    path = spec.model.path
+    name = path.removeprefix(BUNDLED_PREFIX)
+    if path.startswith(BUNDLED_PREFIX) and name not in BUNDLED_MODELS:
+        yield ConfigIssue(
+            "model.path", f"unknown bundled model {name!r}", f"use one of: {known_bundled_specs()}"
+        )
+
+
+def _settings(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    for problem in settings_problems(spec.model, spec.serving):
+        yield ConfigIssue(problem.path, problem.message, problem.fix)
+
+
+def _supervisor(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    supervisor = spec.supervisor
+    if supervisor.backoff_initial_s > supervisor.backoff_max_s:
+        yield ConfigIssue(
+            "supervisor.backoff_initial_s",
+            f"{supervisor.backoff_initial_s} is above backoff_max_s {supervisor.backoff_max_s}",
+            "lower it or raise backoff_max_s",
+        )

@@ -1,0 +1,121 @@
+"""cluster.toml: the typed spec of a cluster and its loader.
+
+The spec (what the user asked for) is kept apart from running state, as in
+torch.distributed.elastic's WorkerSpec. `[model]` and `[serving]` are the rank's own
+settings tables (contract/settings.py). Loading reports every problem at once: see
+`load.py` for the field-by-field conversion and `rules.py` for the rules across fields.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from contract.settings import (
+    ModelSettings,
+    NonNegativeSeconds,
+    Port,
+    PositiveSeconds,
+    Section,
+    ServingSettings,
+)
+
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
+
+
+class ClusterSection(Section):
+    name: Name = "mlx-cluster"
+    backend: Literal["ring", "jaccl"] = "ring"
+    # Where `up` keeps its state file; `status` and `down` read it from there.
+    state_dir: str = "~/.local/state/mlx-cluster-orchestrator"
+    # Rank i listens on rank_port + i for the ring backend (jaccl: rank 0's coordinator port).
+    rank_port: Port = 52100
+
+
+class ApiSection(Section):
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    # Name of the environment variable holding the API key; unset means no auth.
+    api_key_env: str | None = None
+
+
+class SupervisorSection(Section):
+    backoff_initial_s: NonNegativeSeconds = 1.0
+    backoff_max_s: NonNegativeSeconds = 60.0
+    backoff_reset_after_s: PositiveSeconds = 600.0
+    max_restarts: Annotated[int, Meta(ge=0)] = 5
+    restart_window_s: PositiveSeconds = 600.0
+    # RDMA resources of a killed JACCL job take ~30 s to be released.
+    ebusy_cooldown_s: NonNegativeSeconds = 30.0
+    hang_timeout_s: PositiveSeconds = 60.0
+    launch_timeout_s: PositiveSeconds = 600.0
+    stop_grace_s: NonNegativeSeconds = 10.0
+    # Keep one started-and-imported rank process per rank waiting for the next launch.
+    standby_ranks: bool = True
+
+
+class PreflightSection(Section):
+    # Memory each node keeps for the OS and other programs; the model's shard plus its
+    # KV cache must fit in what is left.
+    reserve_memory_gb: Annotated[float, Meta(ge=0)] = 2.0
+
+
+class NodeSpec(Section):
+    name: Name
+    transport: Literal["local", "ssh"] = "local"
+    ssh: str | None = None
+    ssh_port: Port = 22
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    # Off by default: an unknown host key is refused unless the user opts in.
+    accept_new_host_keys: bool = False
+    ip: str | None = None
+    python: str | None = None
+    workdir: str | None = None
+    rdma: list[str | None] | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+    @property
+    def rank_ip(self) -> str:
+        """The address other ranks reach this node's rank at; a lone node may omit it."""
+        return self.ip or "127.0.0.1"
+
+    @property
+    def python_executable(self) -> str:
+        """The node's interpreter: ours for local nodes, `python3` on the PATH over SSH."""
+        if self.python:
+            return self.python
+        return sys.executable if self.transport == "local" else "python3"
+
+
+class ClusterSpec(Section):
+    nodes: list[NodeSpec]
+    cluster: ClusterSection = msgspec.field(default_factory=ClusterSection)
+    model: ModelSettings = msgspec.field(default_factory=ModelSettings)
+    api: ApiSection = msgspec.field(default_factory=ApiSection)
+    serving: ServingSettings = msgspec.field(default_factory=ServingSettings)
+    supervisor: SupervisorSection = msgspec.field(default_factory=SupervisorSection)
+    preflight: PreflightSection = msgspec.field(default_factory=PreflightSection)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.cluster.state_dir).expanduser()
+
+    @property
+    def rank0_api_host(self) -> str:
+        """Rank 0's internal API listens on loopback when it runs here: only the gateway
+        reaches it."""
+        first = self.nodes[0]
+        return "127.0.0.1" if first.transport == "local" else first.rank_ip
+
+    @property
+    def rank0_url(self) -> str:
+        return f"http://{self.rank0_api_host}:{self.serving.rank_api_port}"

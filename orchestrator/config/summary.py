@@ -1,0 +1,32 @@
+"""The one-screen summary `orchestrator validate` prints for a valid cluster.toml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.config.issues import ConfigIssue
+from orchestrator.config.spec import ClusterSpec
+
+
+def summarize(spec: ClusterSpec, warnings: list[ConfigIssue], source: Path) -> str:
+    api_auth = f"key from ${spec.api.api_key_env}" if spec.api.api_key_env else "no API key"
+    lines = [
+        f"{source}: valid",
+        f"  cluster   {spec.cluster.name}: {spec.cluster.backend} backend, "
+        f"{spec.world_size} rank{'s' if spec.world_size != 1 else ''} (tensor parallel)",
+        f"  model     {spec.model.path} (served as {spec.model.served_id!r})",
+        f"  api       http://{spec.api.host}:{spec.api.port}/v1 ({api_auth})",
+        "",
+        f"  {'rank':<5} {'node':<16} {'transport':<10} {'address':<22} python",
+    ]
+    for rank, node in enumerate(spec.nodes):
+        where = node.ssh if node.transport == "ssh" else "this machine"
+        address = f"{node.rank_ip}:{spec.cluster.rank_port + rank}"
+        lines.append(
+            f"  {rank:<5} {node.name:<16} {node.transport:<10} {address:<22} "
+            f"{node.python_executable} ({where})"
+        )
+    if warnings:
+        lines += ["", "warnings:"]
+        lines += ["  " + warning.render(source) for warning in warnings]
+    return "\n".join(lines)

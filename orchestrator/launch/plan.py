@@ -1,0 +1,114 @@
+"""What each rank of one launch runs: argv, env and the files it reads, on which node.
+
+This is what `mlx.launch` would do, done by us so each rank is a process we own:
+ring ranks get MLX_RANK and MLX_HOSTFILE (JSON `[["ip:port"], ...]`, one list per rank);
+jaccl ranks get MLX_RANK, MLX_JACCL_COORDINATOR, MLX_IBV_DEVICES (the JSON matrix of
+device names, null on the diagonal) and MLX_METAL_FAST_SYNCH=1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from typing import Any
+
+import msgspec
+import tomli_w
+
+from contract import rank_env
+from contract.settings import RankSettings, encode_settings
+from orchestrator.config import ClusterSpec, NodeSpec
+
+RUNS_DIR = "~/.cache/mlx-cluster-orchestrator/runs"
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+class RankLaunch(msgspec.Struct, kw_only=True):
+    rank: int
+    node: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str  # on the node; "~" is expanded there
+    files: dict[str, str]  # name -> content, written into cwd before the rank starts
+
+
+class LaunchPlan(msgspec.Struct, kw_only=True):
+    cluster: str
+    backend: str
+    launch_id: str
+    world_size: int
+    api_url: str
+    rank0_url: str
+    ranks: list[RankLaunch]
+
+
+def new_launch_id() -> str:
+    """Sortable and unique: start time plus randomness, carried in every rank's env and logs."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def build_plan(spec: ClusterSpec, launch_id: str) -> LaunchPlan:
+    settings = RankSettings(
+        model=spec.model,
+        serving=spec.serving,
+        api_host=spec.rank0_api_host,
+        shutdown_grace_s=spec.supervisor.stop_grace_s,
+    )
+    files = {rank_env.SETTINGS_FILE: encode_settings(settings).decode()}
+    if spec.world_size == 1:
+        pass
+    elif spec.cluster.backend == "ring":
+        files[rank_env.HOSTFILE_NAME] = json.dumps(_hostfile(spec))
+    else:
+        files[rank_env.DEVICES_FILE] = json.dumps([node.rdma for node in spec.nodes])
+    ranks = [
+        RankLaunch(
+            rank=rank,
+            node=node.name,
+            argv=[node.python_executable, "-m", "serving", "--settings", rank_env.SETTINGS_FILE],
+            env=_env(spec, node, rank, launch_id),
+            cwd=node.workdir or f"{RUNS_DIR}/{spec.cluster.name}/{launch_id}/rank{rank}",
+            files=files,
+        )
+        for rank, node in enumerate(spec.nodes)
+    ]
+    return LaunchPlan(
+        cluster=spec.cluster.name,
+        backend=spec.cluster.backend,
+        launch_id=launch_id,
+        world_size=spec.world_size,
+        api_url=f"http://{spec.api.host}:{spec.api.port}/v1",
+        rank0_url=spec.rank0_url,
+        ranks=ranks,
+    )
+
+
+def _hostfile(spec: ClusterSpec) -> list[list[str]]:
+    return [
+        [f"{node.rank_ip}:{spec.cluster.rank_port + rank}"] for rank, node in enumerate(spec.nodes)
+    ]
+
+
+def _env(spec: ClusterSpec, node: NodeSpec, rank: int, launch_id: str) -> dict[str, str]:
+    env = dict(node.env)
+    env.update({rank_env.LAUNCH_ID: launch_id, "PYTHONUNBUFFERED": "1"})
+    if spec.world_size == 1:
+        return env  # no distributed env: the rank runs alone, without a backend
+    env[rank_env.RANK] = str(rank)
+    if spec.cluster.backend == "ring":
+        env[rank_env.HOSTFILE] = rank_env.HOSTFILE_NAME
+    else:
+        env[rank_env.JACCL_COORDINATOR] = f"{spec.nodes[0].rank_ip}:{spec.cluster.rank_port}"
+        env[rank_env.IBV_DEVICES] = rank_env.DEVICES_FILE
+        env.setdefault(rank_env.METAL_FAST_SYNCH, "1")
+    return env
+
+
+def plan_as_toml(plan: LaunchPlan) -> str:
+    """The plan for `orchestrator plan` / `up --dry-run`, secret-looking env values masked."""
+    data: dict[str, Any] = msgspec.to_builtins(plan)
+    for rank in data["ranks"]:
+        rank["env"] = {k: "***" if _SECRET_NAME.search(k) else v for k, v in rank["env"].items()}
+    return tomli_w.dumps(data)

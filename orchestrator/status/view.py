@@ -1,0 +1,88 @@
+"""`orchestrator status`: the cluster at a glance, read from the running orchestrator."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.status.model import ClusterStatus
+
+GIB = 1024**3
+STATE_STYLE = {"ready": "bold green", "failed": "bold red", "stopped": "dim"}
+
+
+def render_status(status: ClusterStatus) -> Group:
+    style = STATE_STYLE.get(status.state, "bold yellow")
+    head = Text.assemble(
+        (f"{status.cluster}", "bold"),
+        "  ",
+        (status.state.upper(), style),
+        f"  {status.reason}" if status.reason else "",
+        f"\n{status.backend} backend, {len(status.ranks)} ranks, model {status.model}, "
+        f"API {status.api_url}, launch {status.launch_id or '-'}, restarts {status.restarts}"
+        + (f", last cause {status.last_cause}" if status.last_cause else ""),
+    )
+    return Group(head, _nodes_table(status), _ranks_table(status), _serving_line(status))
+
+
+def _nodes_table(status: ClusterStatus) -> Table:
+    table = Table(title="nodes", title_justify="left", expand=False)
+    for column in ("node", "host", "chip", "memory used/total", "mlx", "rdma", "agent"):
+        table.add_column(column)
+    for node in status.nodes:
+        used = node.memory_total_bytes - node.memory_available_bytes
+        memory = (
+            f"{used / GIB:.1f}/{node.memory_total_bytes / GIB:.1f} GiB"
+            if node.memory_total_bytes
+            else "-"
+        )
+        table.add_row(
+            node.name,
+            node.hostname or node.host,
+            node.chip or "-",
+            memory,
+            node.mlx_version or "-",
+            node.rdma or "-",
+            "[green]up[/]" if node.connected else "[red]down[/]",
+        )
+    return table
+
+
+def _ranks_table(status: ClusterStatus) -> Table:
+    table = Table(title="ranks", title_justify="left", expand=False)
+    for column in ("rank", "node", "pid", "state", "uptime", "last exit"):
+        table.add_column(column)
+    for rank in status.ranks:
+        table.add_row(
+            str(rank.rank),
+            rank.node,
+            str(rank.pid or "-"),
+            rank.state,
+            _duration(rank.uptime_s) if rank.pid else "-",
+            rank.last_exit or "-",
+        )
+    return table
+
+
+def _serving_line(status: ClusterStatus) -> Text:
+    serving = status.serving
+    return Text(
+        f"serving: {serving.requests_running} running, {serving.requests_waiting} waiting, "
+        f"{serving.generation_tokens_total} tokens generated, "
+        f"{serving.tokens_per_second:.1f} tokens/s"
+    )
+
+
+def _duration(seconds: float) -> str:
+    return (
+        time.strftime("%H:%M:%S", time.gmtime(seconds))
+        if seconds < 86400
+        else f"{seconds / 86400:.1f}d"
+    )
+
+
+def print_status(status: ClusterStatus) -> None:
+    Console().print(render_status(status))

@@ -1,0 +1,109 @@
+"""Rank 0 seen from the control plane: ready or not, and whether its engine makes progress."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from contract import metric_names
+from contract.metric_names import sample_name
+
+POLL_S = 0.1  # a loopback or LAN GET: cheap, and it bounds how late ready is noticed
+
+
+@dataclass
+class ServingSample:
+    steps: float = 0.0
+    last_step_timestamp: float = 0.0
+    running: float = 0.0
+    waiting: float = 0.0
+    generation_tokens: float = 0.0
+
+
+class Rank0Probe:
+    """Rank 0's /health and /metrics over HTTP."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def healthy(self, base_url: str, timeout_s: float) -> bool:
+        """Poll rank 0's /health until it answers 200; False if the timeout passes first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                response = await self.client.get(f"{base_url}/health", timeout=2.0)
+                if response.status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass  # not listening yet, or loading
+            await asyncio.sleep(POLL_S)
+        return False
+
+    async def sample(self, base_url: str) -> ServingSample | None:
+        """Rank 0's engine counters from its /metrics; None when it does not answer."""
+        try:
+            response = await self.client.get(f"{base_url}/metrics", timeout=2.0)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return parse_sample(response.text)
+
+
+def parse_sample(metrics_text: str) -> ServingSample:
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+    }
+
+    def value(metric: str) -> float:
+        return values.get(sample_name(metric), 0.0)
+
+    return ServingSample(
+        steps=value(metric_names.STEPS),
+        last_step_timestamp=value(metric_names.LAST_STEP_TIMESTAMP),
+        running=value(metric_names.REQUESTS_RUNNING),
+        waiting=value(metric_names.REQUESTS_WAITING),
+        generation_tokens=value(metric_names.GENERATION_TOKENS),
+    )
+
+
+class ProgressWatch:
+    """Declares a hang when rank 0's engine stops moving.
+
+    Rank 0 steps while it has work and sends a keepalive step every keepalive interval
+    when idle, so its last-step timestamp changes at least that often. If the value seen
+    here stays the same for hang_timeout_s (on this machine's clock, so node clocks never
+    matter), or /metrics stops answering for as long, the gang is hung.
+    """
+
+    def __init__(self, hang_timeout_s: float, now: float) -> None:
+        self.hang_timeout_s = hang_timeout_s
+        self._last_value: tuple[float, float] | None = None
+        self._last_change = now
+        self.latest: ServingSample | None = None
+        self.tokens_per_second = 0.0
+        self._latest_at = now
+
+    def observe(self, sample: ServingSample | None, now: float) -> str | None:
+        """Feed one sample; returns the reason when the gang counts as hung."""
+        if sample is not None:
+            if self.latest is not None and now > self._latest_at:
+                tokens = sample.generation_tokens - self.latest.generation_tokens
+                self.tokens_per_second = max(tokens, 0.0) / (now - self._latest_at)
+            self.latest, self._latest_at = sample, now
+            value = (sample.steps, sample.last_step_timestamp)
+            if value != self._last_value:
+                self._last_value, self._last_change = value, now
+        stalled = now - self._last_change
+        if stalled < self.hang_timeout_s:
+            return None
+        if sample is None:
+            return f"rank 0 has not answered /metrics for {stalled:.0f} s"
+        pending = int(sample.running + sample.waiting)
+        return f"no engine step for {stalled:.0f} s ({pending} requests pending)"

@@ -1,0 +1,124 @@
+"""Connections to every node's agent: connect all at once, report every failure after all tried.
+
+As in dask's SSHCluster, starts run concurrently and errors are gathered only once each has
+finished, so a failure on one node never leaves another half-connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from contract.agent_protocol import Event
+from contract.fingerprint import NodeFingerprint
+from orchestrator.config import ClusterSpec, NodeSpec
+from orchestrator.transports import (
+    AgentExit,
+    AgentHandle,
+    ErrorKind,
+    Transport,
+    TransportError,
+    transport_for,
+)
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[str, Event], None]
+LostSink = Callable[[str, AgentExit], None]
+
+
+@dataclass
+class NodeConnection:
+    spec: NodeSpec
+    transport: Transport | None = None
+    agent: AgentHandle | None = None
+    fingerprint: NodeFingerprint | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.agent is not None and not self.agent.closed
+
+
+class NodePool:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        on_event: EventSink,
+        on_lost: LostSink,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
+        self.spec = spec
+        self.nodes = {node.name: NodeConnection(node) for node in spec.nodes}
+        self._on_event, self._on_lost = on_event, on_lost
+        self._connect_timeout_s = connect_timeout_s
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    def agent(self, name: str) -> AgentHandle:
+        agent = self.nodes[name].agent
+        if agent is None or agent.closed:
+            raise TransportError(name, ErrorKind.AGENT_LOST, "the node's agent is not connected")
+        return agent
+
+    async def connect_all(self) -> list[TransportError]:
+        """Connect every node not connected yet; returns the failures, one per node."""
+        names = [name for name, node in self.nodes.items() if not node.connected]
+        results = await asyncio.gather(
+            *(self.connect(name) for name in names), return_exceptions=True
+        )
+        errors: list[TransportError] = []
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, TransportError):
+                errors.append(result)
+            elif isinstance(result, BaseException):
+                errors.append(
+                    TransportError(name, ErrorKind.OTHER, f"{type(result).__name__}: {result}")
+                )
+        return errors
+
+    async def connect(self, name: str) -> None:
+        node = self.nodes[name]
+        await self._close_node(node)
+        log.info("[%s] connecting (%s)", name, node.spec.transport)
+        transport = transport_for(node.spec)
+        node.transport = transport
+        await transport.connect()
+        agent = await transport.start_agent(
+            on_event=lambda event: self._on_event(name, event),
+            start_timeout=self._connect_timeout_s,
+        )
+        node.agent = agent
+        watcher = asyncio.create_task(self._watch(name, agent))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        log.info(
+            "[%s] agent %s up (pid %s)",
+            name,
+            agent.hello.agent_version if agent.hello else "?",
+            agent.hello.pid if agent.hello else "?",
+        )
+
+    async def fingerprint_all(self) -> dict[str, NodeFingerprint]:
+        async def one(name: str) -> NodeFingerprint:
+            fingerprint = await self.agent(name).fingerprint(self.spec.model.path)
+            self.nodes[name].fingerprint = fingerprint
+            return fingerprint
+
+        names = list(self.nodes)
+        results = await asyncio.gather(*(one(name) for name in names))
+        return dict(zip(names, results, strict=True))
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(self._close_node(node) for node in self.nodes.values()))
+
+    async def _watch(self, name: str, agent: AgentHandle) -> None:
+        exit_info = await asyncio.shield(agent.finished)
+        if self.nodes[name].agent is agent:  # not a replaced or deliberately closed agent
+            log.warning("[%s] agent lost: %s", name, exit_info.reason)
+            self._on_lost(name, exit_info)
+
+    async def _close_node(self, node: NodeConnection) -> None:
+        transport, node.transport, node.agent = node.transport, None, None
+        if transport is not None:
+            await transport.close()

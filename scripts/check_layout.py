@@ -1,0 +1,144 @@
+"""Checks that the code's layout still shows the architecture; CI runs it.
+
+    python scripts/check_layout.py        exit 1 and one line per problem, or exit 0
+
+- no import cycle between modules;
+- packages depend one way: orchestrator -> node_agent, contract; node_agent and serving
+  -> contract only; contract -> the standard library and msgspec only; testkit may use
+  them all; bench may use them and testkit, never tests;
+- no module over 400 lines, no function over 60 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("contract", "node_agent", "serving", "orchestrator", "testkit", "bench")
+ALLOWED: dict[str, set[str]] = {
+    "contract": set(),
+    "node_agent": {"contract"},
+    "serving": {"contract"},
+    "orchestrator": {"contract", "node_agent"},
+    "testkit": {"contract", "node_agent", "serving", "orchestrator"},
+    "bench": {"contract", "node_agent", "serving", "orchestrator", "testkit"},
+}
+CONTRACT_THIRD_PARTY = {"msgspec"}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, tree: ast.Module) -> Iterator[str]:
+    """Absolute names of everything the module imports (relative imports resolved)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def owner(target: str, known: dict[str, Path]) -> str | None:
+    """The project module a dotted import name refers to, if any."""
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def size_problems(name: str, path: Path, tree: ast.Module) -> Iterator[str]:
+    lines = path.read_text().count("\n")
+    if lines > MAX_MODULE_LINES:
+        yield f"{path.relative_to(ROOT)}: {lines} lines (at most {MAX_MODULE_LINES})"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                yield f"{where}: {node.name}() has {length} lines (at most {MAX_FUNCTION_LINES})"
+
+
+def dependency_problems(name: str, targets: set[str], known: dict[str, Path]) -> Iterator[str]:
+    package = name.split(".")[0]
+    ours = {mine for target in targets if (mine := owner(target, known))}
+    outside = {target.split(".")[0] for target in targets if owner(target, known) is None}
+    for mine in sorted(ours):
+        other = mine.split(".")[0]
+        if other != package and other not in ALLOWED[package]:
+            yield f"{name} imports {mine}: {package} may not depend on {other}"
+    for top in sorted(outside):
+        if top == "tests":
+            yield f"{name} imports tests: nothing may import tests/"
+        elif package == "contract" and top not in sys.stdlib_module_names | CONTRACT_THIRD_PARTY:
+            yield f"{name} imports {top}: contract uses the stdlib and msgspec only"
+
+
+def main() -> int:
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    problems: list[str] = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        targets = set(imports(name, path, tree))
+        graph[name] = {m for t in targets if (m := owner(t, known)) and m != name}
+        problems += dependency_problems(name, targets, known)
+        problems += size_problems(name, path, tree)
+    problems += [f"import cycle: {' <-> '.join(c)}" for c in cycles(graph)]
+    for problem in problems:
+        print(problem)
+    print(f"{len(known)} modules, {len(problems)} layout problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

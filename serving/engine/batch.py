@@ -1,0 +1,130 @@
+"""The batch every rank mirrors: an mlx-lm BatchGenerator driven by StepPlans.
+
+Rank 0 and the workers call the same methods in the same order, so BatchGenerator
+assigns the same uids and produces the same tokens on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from serving.engine.sampling import make_request_sampler
+from serving.engine.step_plan import Insert
+
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    uid: int
+    token: int
+    finish_reason: str | None  # "stop" (EOS) / "length" (max_tokens) / None
+
+
+def digest_ints(values: list[int]) -> int:
+    """A 63-bit digest of a list of ints (fits the int64 plan header)."""
+    raw = struct.pack(f"<{len(values)}q", *values)
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") & _MASK63
+
+
+class MirroredBatch:
+    """BatchGenerator plus the bookkeeping the StepPlan protocol needs."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        eos_token_ids: set[int],
+        vocab_size: int,
+        max_batch_size: int,
+        prefill_step_size: int,
+        prompt_cache_size: int = 0,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.generator = BatchGenerator(
+            model,
+            stop_tokens=[[t] for t in sorted(eos_token_ids)],
+            completion_batch_size=max_batch_size,
+            prefill_batch_size=min(max_batch_size, 8),
+            prefill_step_size=prefill_step_size,
+        )
+        self.active: dict[int, None] = {}  # live uids, in insertion order
+        # Prefix cache of finished sequences' KV (this rank's shard). Bounded by entry
+        # count only: byte sizes can differ between ranks, eviction must not.
+        self.prompt_cache = (
+            LRUPromptCache(max_size=prompt_cache_size) if prompt_cache_size else None
+        )
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache (for logs/metrics)
+
+    @property
+    def stream(self) -> mx.Stream:
+        return self.generator.stream
+
+    def apply(self, inserts: list[Insert], removes: list[int]) -> list[int]:
+        """Apply one plan's removes then inserts; returns the new uids in insert order."""
+        live_removes = [uid for uid in removes if uid in self.active]
+        if live_removes:
+            self.generator.remove(live_removes)
+            for uid in live_removes:
+                del self.active[uid]
+        if not inserts:
+            return []
+        reuse = [self._reuse(ins.prompt) for ins in inserts]
+        caches: list[Any] = [cache for cache, _, _ in reuse]  # None = a fresh cache
+        uids: list[int] = self.generator.insert(
+            [rest for _, rest, _ in reuse],
+            max_tokens=[ins.params.max_tokens for ins in inserts],
+            caches=caches,
+            all_tokens=[done for _, _, done in reuse],
+            samplers=[make_request_sampler(ins.params, self.vocab_size) for ins in inserts],
+        )
+        self.active.update(dict.fromkeys(uids))
+        return uids
+
+    def _reuse(self, prompt: list[int]) -> tuple[list[Any] | None, list[int], list[int]]:
+        """(KV cache or None, tokens still to prefill, tokens the cache already holds)."""
+        if self.prompt_cache is None:
+            return None, prompt, []
+        cache, rest = self.prompt_cache.fetch_nearest_cache("model", prompt)
+        if cache is None:
+            return None, prompt, []
+        if not rest:  # the whole prompt is cached: recompute its last token for logits
+            if not can_trim_prompt_cache(cache):
+                return None, prompt, []
+            trim_prompt_cache(cache, 1)
+            rest = prompt[-1:]
+        done = prompt[: len(prompt) - len(rest)]
+        self.cached_tokens += len(done)
+        return cache, rest, done
+
+    def fingerprint(self, perturb: bool = False) -> int:
+        """Digest of the batch composition: the live uids in insertion order.
+
+        Kept from our own bookkeeping, not BatchGenerator internals; a divergence inside
+        the generator shows up in the next plan's token digest instead.
+        """
+        parts = list(self.active)
+        if perturb:  # fault injection: this rank now believes in a phantom sequence
+            parts.append(-2)
+        return digest_ints(parts)
+
+    def step(self) -> list[TokenEvent]:
+        """One engine step: decode the running sequences, prefill newly inserted ones."""
+        _, responses = self.generator.next()
+        events = [TokenEvent(r.uid, int(r.token), r.finish_reason) for r in responses]
+        for r in responses:
+            if r.finish_reason is not None:
+                self.active.pop(r.uid, None)
+                if self.prompt_cache is not None and r.prompt_cache is not None:
+                    self.prompt_cache.insert_cache("model", list(r.all_tokens), r.prompt_cache)
+        return events
+
+    def close(self) -> None:
+        self.generator.close()

@@ -1,0 +1,56 @@
+"""What flows between the HTTP handlers (event loop) and the engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from serving.engine.step_plan import SamplingParams
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    code: str  # "timeout" | "shutdown" | "engine_error"
+
+
+RequestEvent = TextDelta | Finished | Failed
+
+
+class EventSink:
+    """Thread-safe handoff of engine events to one request's asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
+
+    def push(self, event: RequestEvent) -> None:
+        """Called from the engine thread."""
+        # RuntimeError: the loop has closed, nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    stop: list[str]
+    sink: EventSink
+    deadline: float  # time.monotonic() after which the request fails with "timeout"
+    created: float = field(default_factory=time.monotonic)

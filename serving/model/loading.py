@@ -1,0 +1,78 @@
+"""Load the model on every rank: tensor-sharded at world size > 1, plain at 1."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from contract.bundled_models import BUNDLED_PREFIX
+from contract.settings import RankSettings
+from serving.distributed import is_peer_lost
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(Exception):
+    """The model could not be resolved or loaded."""
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any  # mlx-lm TokenizerWrapper
+    context_length: int
+    vocab_size: int
+    path: Path
+
+
+def resolve(settings: RankSettings) -> Path:
+    """A local model directory as is; a `bundled:` spec converted once into the cache."""
+    if not settings.model.path.startswith(BUNDLED_PREFIX):
+        path = Path(settings.model.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"model directory {path} has no config.json")
+        return path
+    from serving.model.bundled import resolve_model  # lazy: pulls in the GGUF converter
+
+    cache = Path(settings.model_cache_dir).expanduser() if settings.model_cache_dir else None
+    try:
+        return resolve_model(settings.model.path, cache_dir=cache)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot resolve model {settings.model.path!r}: {exc}") from exc
+
+
+def load(settings: RankSettings, group: mx.distributed.Group) -> LoadedModel:
+    """Load (and shard) the model; logs what this rank loaded and how long it took."""
+    path = resolve(settings)
+    started = time.monotonic()
+    try:
+        if group.size() > 1:
+            from mlx_lm.utils import sharded_load
+
+            model, tokenizer, config = sharded_load(
+                str(path), tensor_group=group, return_config=True
+            )
+        else:
+            from mlx_lm import load as plain_load
+
+            model, tokenizer, config = plain_load(  # type: ignore[misc]
+                str(path), return_config=True
+            )
+    except Exception as exc:
+        if is_peer_lost(exc):
+            raise  # sharded_load ends with a barrier: a peer that died there is not our load
+        raise ModelLoadError(f"loading {path} failed: {exc}") from exc
+    context = settings.model.context_length or int(config.get("max_position_embeddings", 2048))
+    vocab = int(config.get("vocab_size", 0)) or len(tokenizer.vocab)
+    log.info(
+        "loaded %s (%s) as tensor shard %d/%d in %.2f s; context %d tokens",
+        path, config.get("model_type", "?"), group.rank(), group.size(),
+        time.monotonic() - started, context,
+    )
+    return LoadedModel(model, tokenizer, context, vocab, path)

@@ -1,0 +1,70 @@
+"""What every rank does before it serves: join the group, load the model, build the batch,
+and, when that fails, pick the exit code that says why."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import mlx.core as mx
+
+from contract.exit_codes import RankExit
+from contract.settings import RankSettings
+from serving.distributed import DistributedEnv, barrier, init_group, is_peer_lost
+from serving.engine.batch import MirroredBatch
+from serving.faults import FaultPlan
+from serving.model.loading import LoadedModel, ModelLoadError, load
+
+log = logging.getLogger("serving.rank")
+
+
+class DistributedInitError(Exception):
+    """mx.distributed.init failed."""
+
+
+def join_group(env: DistributedEnv) -> mx.distributed.Group:
+    """Init the backend (blocks until every rank has connected)."""
+    try:
+        group = init_group(env)
+    except Exception as exc:
+        raise DistributedInitError(f"distributed init ({env.backend}) failed: {exc}") from exc
+    log.info("rank %d of %d (backend %s) pid %d", group.rank(), group.size(),
+             env.backend or "single", os.getpid())
+    return group
+
+
+def load_and_sync(
+    settings: RankSettings, group: mx.distributed.Group, faults: FaultPlan
+) -> LoadedModel:
+    faults.on_load()
+    loaded = load(settings, group)
+    barrier(group)
+    log.info("all %d ranks loaded", group.size())
+    return loaded
+
+
+def make_batch(settings: RankSettings, loaded: LoadedModel) -> MirroredBatch:
+    serving = settings.serving
+    return MirroredBatch(
+        loaded.model,
+        set(loaded.tokenizer.eos_token_ids),
+        loaded.vocab_size,
+        serving.max_batch_size,
+        serving.prefill_step_size,
+        serving.prompt_cache_size,
+    )
+
+
+def exit_for(exc: BaseException) -> RankExit:
+    """Log a rank's fatal failure and pick its exit code."""
+    if isinstance(exc, DistributedInitError):
+        log.error("%s", exc)
+        return RankExit.DISTRIBUTED_INIT_FAILED
+    if isinstance(exc, ModelLoadError):
+        log.error("%s", exc)
+        return RankExit.MODEL_LOAD_FAILED
+    if is_peer_lost(exc):
+        log.error("peer lost: %s", exc)
+        return RankExit.PEER_LOST
+    log.exception("internal error", exc_info=exc)
+    return RankExit.INTERNAL_ERROR

@@ -1,0 +1,102 @@
+"""Ranks 1+: receive each StepPlan from rank 0, check it, apply it, step with rank 0."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from contract.exit_codes import RankExit
+from contract.settings import RankSettings
+from serving.distributed import DistributedEnv
+from serving.engine.batch import MirroredBatch, digest_ints
+from serving.engine.step_plan import PlanChannel, PlanKind, StepPlan
+from serving.faults import FaultPlan
+from serving.rank.startup import exit_for, join_group, load_and_sync, make_batch
+
+log = logging.getLogger(__name__)
+IDLE_SLEEP_SHARE = 0.9  # of the keepalive interval, spent asleep rather than polling
+
+
+class Desync(Exception):
+    """This worker's view of the batch differs from rank 0's."""
+
+
+def check_plan(
+    plan: StepPlan, expected_step: int, fingerprint: int, digests: dict[int, int]
+) -> None:
+    """Raise Desync when the plan's step id, batch fingerprint or token digest differs
+    from ours. `fingerprint` is our batch right after our latest applied plan; `digests`
+    holds our token digests by step."""
+    if plan.step_id != expected_step:
+        raise Desync(f"step id rank0={plan.step_id} local={expected_step}")
+    if plan.fingerprint != fingerprint:
+        raise Desync(
+            f"fingerprint after step {expected_step - 1}'s plan "
+            f"rank0={plan.fingerprint:016x} local={fingerprint:016x}"
+        )
+    local = digests.get(plan.digest_step)
+    if local != plan.token_digest:
+        shown = "none" if local is None else f"{local:016x}"
+        raise Desync(
+            f"token digest of step {plan.digest_step} rank0={plan.token_digest:016x} "
+            f"local={shown}"
+        )
+
+
+def run_worker_rank(settings: RankSettings, env: DistributedEnv, faults: FaultPlan) -> int:
+    """A worker from start to exit: join, load, then mirror rank 0's plans."""
+    try:
+        group = join_group(env)
+        loaded = load_and_sync(settings, group, faults)
+        batch = make_batch(settings, loaded)
+        channel = PlanChannel(group, batch.stream)
+        return run_worker(batch, channel, faults, settings.serving.keepalive_s)
+    except Exception as exc:
+        return exit_for(exc)
+
+
+def run_worker(
+    batch: MirroredBatch, channel: PlanChannel, faults: FaultPlan, keepalive_s: float
+) -> RankExit:
+    """Mirror rank 0 until it sends SHUTDOWN (OK) or something is out of step (DESYNC).
+
+    The next plan's receive is queued before each step's forward pass, in the order
+    rank 0 queues its send, so this rank builds step s+1 while step s computes.
+    MLX's ring backend busy-polls while a collective waits, so after a keepalive the
+    worker sleeps most of the interval before queueing the next receive.
+    """
+    stop = threading.Event()
+    # Signal handlers only record: the loop sees it at the next plan (keepalives are frequent).
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    step, fingerprint = 0, batch.fingerprint()
+    digests = {0: 0}  # token digest by step: the latest two
+    pending = channel.receive_async()
+    while True:
+        plan = channel.finish_receive(pending)
+        if plan.kind == PlanKind.SHUTDOWN:
+            log.info("shutdown plan received after %d steps", step)
+            return RankExit.OK
+        if stop.is_set():
+            log.info("SIGTERM received: leaving")
+            return RankExit.OK
+        if plan.kind == PlanKind.KEEPALIVE:
+            time.sleep(keepalive_s * IDLE_SLEEP_SHARE)
+        if plan.kind != PlanKind.STEP:
+            pending = channel.receive_async()
+            continue
+        step += 1
+        try:
+            check_plan(plan, step, fingerprint, digests)
+        except Desync as exc:
+            log.error("BATCH DESYNC at step %d: %s", step, exc)
+            return RankExit.DESYNC
+        faults.on_step(step)
+        batch.apply(plan.inserts, plan.removes)
+        fingerprint = batch.fingerprint(perturb=faults.desync_at(step))
+        pending = channel.receive_async()
+        events = batch.step()
+        digests = {step - 1: digests[step - 1], step: digest_ints(
+            [v for e in events for v in (e.uid, e.token)]
+        )}

@@ -1,0 +1,1 @@
+"""The testing harness shared by tests/ and bench/: ports, processes, clusters, models, clocks."""
