@@ -1,10 +1,12 @@
 """The agent protocol: typed messages, one JSON object per line.
 
     orchestrator ──Request (id)──────▶ agent   Open, Fingerprint, Spawn, Stop, Ping, ListRanks,
-                                                 CheckPorts, Reap
+                                                 CheckPorts, Reap, Listen, Unlisten, Connect,
+                                                 WatchLinks
     orchestrator ◀──Reply (same id)─── agent   Ok, ErrorReply, FingerprintResult, Spawned,
-                                                 Stopped, Pong, RankList, PortsResult, Reaped
-    orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited
+                                                 Stopped, Pong, RankList, PortsResult, Reaped,
+                                                 Reachable
+    orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited, LinkState
 
 Every message carries its kind in the `type` field (a msgspec tagged union).
 The agent writes `Hello` as soon as it starts; the orchestrator's first request
@@ -31,6 +33,7 @@ BAD_REQUEST = "bad_request"
 RANK_EXISTS = "rank_exists"
 SPAWN_FAILED = "spawn_failed"
 UNKNOWN_RANK = "unknown_rank"
+BIND_FAILED = "bind_failed"
 INTERNAL = "internal"
 
 
@@ -109,7 +112,62 @@ class Reap(Message, tag="reap", kw_only=True):
     grace_s: float = 5.0
 
 
-Request = Open | Fingerprint | Spawn | Stop | Ping | ListRanks | CheckPorts | Reap
+class Listen(Message, tag="listen", kw_only=True):
+    """Accept (and at once close) TCP connections on host:port until Unlisten: the far end
+    of a reachability check before launch, on the address and port a rank will use."""
+
+    id: int = 0
+    host: str
+    port: int
+
+
+class Unlisten(Message, tag="unlisten", kw_only=True):
+    id: int = 0
+    host: str
+    port: int
+
+
+class Connect(Message, tag="connect", kw_only=True):
+    """Open a TCP connection from this node to host:port (answered with Reachable)."""
+
+    id: int = 0
+    host: str
+    port: int
+    timeout_s: float = 3.0
+
+
+class LinkTarget(Struct, frozen=True, kw_only=True):
+    host: str
+    port: int
+
+
+class WatchLinks(Message, tag="watch_links", kw_only=True):
+    """Probe each target every interval_s while the gang runs (a TCP connect: an accept or
+    a refusal both prove the link carries packets); push LinkState when one changes.
+    A target is down after down_after probes in a row got no answer within timeout_s.
+    Replaces the previous watch; an empty list stops watching."""
+
+    id: int = 0
+    targets: list[LinkTarget] = msgspec.field(default_factory=list)
+    interval_s: float = 1.0
+    timeout_s: float = 1.0
+    down_after: int = 2
+
+
+Request = (
+    Open
+    | Fingerprint
+    | Spawn
+    | Stop
+    | Ping
+    | ListRanks
+    | CheckPorts
+    | Reap
+    | Listen
+    | Unlisten
+    | Connect
+    | WatchLinks
+)
 
 
 # ── replies (agent → orchestrator, same id) ──────────────────────────────────
@@ -160,6 +218,14 @@ class PortsResult(Message, tag="ports", kw_only=True):
     in_use: list[int] = msgspec.field(default_factory=list)
 
 
+class Reachable(Message, tag="reachable", kw_only=True):
+    id: int
+    ok: bool
+    refused: bool = False  # the host answered, but nothing listens on that port
+    error: str = ""  # why not: "no answer within 3 s", "connection refused", ...
+    seconds: float = 0.0  # how long the connect took
+
+
 class Reaped(Message, tag="reaped", kw_only=True):
     id: int
     pid: int
@@ -200,10 +266,28 @@ class Stopped(Message, tag="stopped", kw_only=True):
     exits: list[Exited] = msgspec.field(default_factory=list)
 
 
+class LinkState(Message, tag="link_state", kw_only=True):
+    """A watched link changed: down after down_after silent probes, up at the next answer."""
+
+    host: str
+    port: int
+    up: bool
+    error: str = ""
+
+
 Reply = (
-    Ok | ErrorReply | FingerprintResult | Spawned | Stopped | Pong | RankList | PortsResult | Reaped
+    Ok
+    | ErrorReply
+    | FingerprintResult
+    | Spawned
+    | Stopped
+    | Pong
+    | RankList
+    | PortsResult
+    | Reaped
+    | Reachable
 )
-Event = Hello | Log | Exited
+Event = Hello | Log | Exited | LinkState
 AgentMessage = Reply | Event
 
 

@@ -30,10 +30,12 @@ from contract import agent_protocol as protocol
 from contract.agent_protocol import (
     PROTOCOL_VERSION,
     CheckPorts,
+    Connect,
     ErrorReply,
     Fingerprint,
     FingerprintResult,
     Hello,
+    Listen,
     ListRanks,
     Message,
     Ok,
@@ -49,10 +51,13 @@ from contract.agent_protocol import (
     Spawned,
     Stop,
     Stopped,
+    Unlisten,
+    WatchLinks,
 )
-from node_agent import AGENT_VERSION, host_ops
+from node_agent import AGENT_VERSION, host_ops, links
 from node_agent.code_digest import code_digest, code_root
 from node_agent.fingerprint import collect_fingerprint
+from node_agent.links import LinkProbes
 from node_agent.ranks import RankTable, SpawnError
 from node_agent.stdio import LineWriter, open_protocol_stdio
 
@@ -71,6 +76,7 @@ class Agent:
         self._root = code_root()
         self._digest: str | None = None
         self._ranks = RankTable(self.emit, self._root)
+        self._links = LinkProbes(self.emit)
         self._opened = False
         self._last_request = time.monotonic()
         self._stop = asyncio.Event()
@@ -110,6 +116,7 @@ class Agent:
         await self._stop.wait()
         log.info("shutting down: %s", self._stop_reason)
         reader.cancel()
+        await self._links.close()
         self._ranks.discard_standbys()
         if len(self._ranks):
             await self._ranks.stop(None, self._grace_s)
@@ -165,7 +172,7 @@ class Agent:
             await self._error(
                 req.id, protocol.HANDSHAKE_REQUIRED, "send `open` with the protocol version first"
             )
-        elif isinstance(req, Stop | Fingerprint | Reap):
+        elif isinstance(req, Stop | Fingerprint | Reap | Connect):
             # These wait (grace periods, tools): answer out of order, keep reading.
             self._spawn_task(self._dispatch(req))
         else:
@@ -202,6 +209,8 @@ class Agent:
             await self._error(req.id, protocol.SPAWN_FAILED, str(exc))
         except KeyError as exc:
             await self._error(req.id, protocol.UNKNOWN_RANK, f"no running rank {exc}")
+        except OSError as exc:  # Listen on an address this node cannot bind
+            await self._error(req.id, protocol.BIND_FAILED, f"{exc.strerror or exc}")
         except Exception as exc:
             log.exception("request %r failed", req)
             await self._error(req.id, protocol.INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -231,6 +240,19 @@ class Agent:
                     host_ops.reap, req.pid, req.launch_id, req.grace_s
                 )
                 return Reaped(id=req.id, pid=req.pid, killed=killed, reason=reason)
+            case Listen():
+                await self._links.listen(req.host, req.port)
+                return Ok(id=req.id)
+            case Unlisten():
+                await self._links.unlisten(req.host, req.port)
+                return Ok(id=req.id)
+            case Connect():
+                return await links.connect(req.host, req.port, req.timeout_s, req.id)
+            case WatchLinks():
+                await self._links.watch(
+                    req.targets, req.interval_s, req.timeout_s, req.down_after
+                )
+                return Ok(id=req.id)
         raise AssertionError(f"unhandled request {req!r}")
 
     async def _error(self, req_id: int | None, code: str, message: str) -> None:

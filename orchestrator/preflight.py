@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from contract.fingerprint import ModelConfigInfo, NodeFingerprint
 from orchestrator.config import ClusterSpec
+from orchestrator.config.links import rank_addresses
 
 GIB = 1024**3
 # The project itself is compared by the digest of the code the agent runs.
@@ -211,16 +212,19 @@ def _kv_margin_bytes(spec: ClusterSpec, prints: Fingerprints) -> float:
 
 
 def _addresses(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
-    for node in spec.nodes:
+    """Each rank listens on its addresses: its node must own every one of them."""
+    for node, addresses in zip(spec.nodes, rank_addresses(spec), strict=True):
         owned = prints[node.name].addresses()
-        if node.rank_ip not in owned:
+        for address in addresses:
+            if address.ip in owned:
+                continue
             listed = ", ".join(sorted(owned)) or "none"
             yield PreflightFailure(
                 node.name,
                 "address",
-                f"does not own {node.rank_ip} (its addresses: {listed})",
-                f"set ip = one of its addresses, or configure {node.rank_ip} on "
-                "its Thunderbolt interface",
+                f"does not own {address.ip}, given by {address.field} (its addresses: {listed})",
+                f"set {address.field} to one of its addresses, or configure {address.ip} on "
+                "its Thunderbolt interface for that link",
             )
 
 

@@ -27,6 +27,7 @@ from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
+from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.preflight import run_preflight
@@ -84,7 +85,8 @@ class Service:
                 on_event=lambda node, event: monitor.on_agent_event(node, event),
                 on_lost=lambda node, info: monitor.on_agent_lost(node, info),
             )
-            monitor = GangMonitor(pool.nodes, self.metrics, time.monotonic)
+            links = LinkChecks(self.spec, pool)
+            monitor = GangMonitor(pool.nodes, self.metrics, time.monotonic, links.hops)
             self.supervisor = Supervisor(
                 self.spec,
                 pool,
@@ -93,10 +95,11 @@ class Service:
                 monitor,
                 Rank0Probe(http),
                 lambda: Gang(build_plan(self.spec, new_launch_id()), pool),
+                links=links,
                 on_launch=self._record_launch,
             )
             try:
-                if not await self._prepare(pool, previous):
+                if not await self._prepare(pool, links, previous):
                     self.machine.to(GangState.STOPPED, "did not start")
                     return EXIT_NOT_STARTED
                 await self._serve(pool)
@@ -105,7 +108,9 @@ class Service:
                 remove_state(self.state_file)
         return EXIT_OK
 
-    async def _prepare(self, pool: NodePool, previous: ClusterState | None) -> bool:
+    async def _prepare(
+        self, pool: NodePool, links: LinkChecks, previous: ClusterState | None
+    ) -> bool:
         """Connect, clean up after a crashed run, preflight. False: reported, do not start."""
         self.machine.to(GangState.CONNECTING)
         errors = await pool.connect_all()
@@ -132,7 +137,15 @@ class Service:
             report = "\n".join("  " + failure.render() for failure in failures)
             log.error("preflight failed, nothing was launched:\n%s", report)
             return False
-        log.info("preflight passed on %d nodes", len(fingerprints))
+        unreachable = await links.check()
+        if unreachable:
+            self.metrics.preflight_failures.labels(check="links").inc(len(unreachable))
+            log.error(
+                "preflight failed: links between ranks do not answer, nothing was launched:\n%s",
+                link_table(unreachable),
+            )
+            return False
+        log.info("preflight passed on %d nodes, %d links", len(fingerprints), len(links.hops))
         return True
 
     async def _busy_ports(self, pool: NodePool) -> dict[str, list[str]]:

@@ -11,6 +11,7 @@ from contract import rank_env
 from contract.bundled_models import BUNDLED_MODELS, BUNDLED_PREFIX, known_bundled_specs
 from contract.settings import settings_problems
 from orchestrator.config.issues import ConfigIssue
+from orchestrator.config.links import link_issues, rank_addresses
 from orchestrator.config.spec import ClusterSpec
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -23,6 +24,7 @@ def semantic_issues(spec: ClusterSpec) -> list[ConfigIssue]:
         _node_names,
         _transports,
         _addresses,
+        link_issues,
         _endpoints,
         _rdma,
         _env,
@@ -72,7 +74,7 @@ def _addresses(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     for index, node in enumerate(spec.nodes):
         path = f"nodes[{index}].ip"
         if node.ip is None:
-            if spec.world_size > 1:
+            if spec.world_size > 1 and not spec.links:
                 yield ConfigIssue(
                     path,
                     f"missing: the {spec.cluster.backend} backend needs the address "
@@ -90,6 +92,12 @@ def _addresses(spec: ClusterSpec) -> Iterator[ConfigIssue]:
                 'use a numeric address such as "10.0.0.2"',
             )
             continue
+        if address.version != 4 and spec.cluster.backend == "ring" and spec.world_size > 1:
+            yield ConfigIssue(
+                path,
+                f"{node.ip} is IPv6; MLX's ring backend connects over IPv4 only",
+                "give the node's IPv4 address on the link between the nodes",
+            )
         if spec.cluster.backend == "jaccl" and any(address in net for net in ROUTER_SUBNETS):
             yield ConfigIssue(
                 path,
@@ -110,18 +118,24 @@ def _endpoints(spec: ClusterSpec) -> Iterator[ConfigIssue]:
             f"use a rank_port at most {65536 - spec.world_size}",
         )
         return
-    users: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for rank, node in enumerate(spec.nodes):
-        users[(node.rank_ip, spec.cluster.rank_port + rank)].append(f"rank {rank} ({node.name})")
+    # (ip, port) -> who listens there: (what, the field that sets its port)
+    users: dict[tuple[str, int], list[tuple[str, str]]] = defaultdict(list)
+    for rank, addresses in enumerate(rank_addresses(spec)):
+        for address in addresses:
+            listener = (f"rank {rank} ({spec.nodes[rank].name})", "cluster.rank_port")
+            users[(address.ip, spec.cluster.rank_port + rank)].append(listener)
     if spec.nodes:
         rank0_ip = spec.rank0_api_host
-        users[(rank0_ip, spec.serving.rank_api_port)].append("serving.rank_api_port")
+        users[(rank0_ip, spec.serving.rank_api_port)].append(
+            ("rank 0's API", "serving.rank_api_port")
+        )
         if spec.nodes[0].transport == "local":
-            users[(rank0_ip, spec.api.port)].append("api.port")
-    for (ip, port), names in users.items():
-        if len(names) > 1:
+            users[(rank0_ip, spec.api.port)].append(("the gateway", "api.port"))
+    for (ip, port), listeners in users.items():
+        if len(listeners) > 1:
+            names = [name for name, _ in listeners]
             yield ConfigIssue(
-                "cluster.rank_port",
+                listeners[-1][1],
                 f"{ip}:{port} is used by {' and '.join(names)}",
                 "give each listener its own address or port (rank i uses rank_port + i)",
             )

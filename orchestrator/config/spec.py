@@ -85,6 +85,12 @@ class NodeSpec(Section):
         return self.ip or "127.0.0.1"
 
     @property
+    def ssh_host(self) -> str:
+        """The host of `ssh` ("user@host", "host", "user@[::1]"): where the orchestrator
+        reaches the node; "" when unset."""
+        return (self.ssh or "").rpartition("@")[2].strip("[]")
+
+    @property
     def python_executable(self) -> str:
         """The node's interpreter: ours for local nodes, `python3` on the PATH over SSH."""
         if self.python:
@@ -92,8 +98,18 @@ class NodeSpec(Section):
         return sys.executable if self.transport == "local" else "python3"
 
 
+class LinkSpec(Section):
+    """One cable of a ring: the two nodes it joins and each one's address on it (in the
+    same order). A Thunderbolt ring of 3+ Macs has a subnet per cable, so a node has a
+    different address towards each neighbour."""
+
+    between: Annotated[list[Name], Meta(min_length=2, max_length=2)]
+    ips: Annotated[list[str], Meta(min_length=2, max_length=2)]
+
+
 class ClusterSpec(Section):
     nodes: list[NodeSpec]
+    links: list[LinkSpec] = msgspec.field(default_factory=list)
     cluster: ClusterSection = msgspec.field(default_factory=ClusterSection)
     model: ModelSettings = msgspec.field(default_factory=ModelSettings)
     api: ApiSection = msgspec.field(default_factory=ApiSection)
@@ -111,10 +127,11 @@ class ClusterSpec(Section):
 
     @property
     def rank0_api_host(self) -> str:
-        """Rank 0's internal API listens on loopback when it runs here: only the gateway
-        reaches it."""
+        """Where rank 0's internal API listens: loopback when it runs here (only the gateway
+        reaches it), else the address the orchestrator reaches that node at (its SSH host,
+        not a Thunderbolt link the orchestrator may have no route to)."""
         first = self.nodes[0]
-        return "127.0.0.1" if first.transport == "local" else first.rank_ip
+        return "127.0.0.1" if first.transport == "local" else first.ssh_host or first.rank_ip
 
     @property
     def rank0_url(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.config.issues import ConfigIssue
+from orchestrator.config.links import rank_addresses
 from orchestrator.config.spec import ClusterSpec
 
 
@@ -19,9 +20,10 @@ def summarize(spec: ClusterSpec, warnings: list[ConfigIssue], source: Path) -> s
         "",
         f"  {'rank':<5} {'node':<16} {'transport':<10} {'address':<22} python",
     ]
-    for rank, node in enumerate(spec.nodes):
+    for rank, (node, addresses) in enumerate(zip(spec.nodes, rank_addresses(spec), strict=True)):
         where = node.ssh if node.transport == "ssh" else "this machine"
-        address = f"{node.rank_ip}:{spec.cluster.rank_port + rank}"
+        port = spec.cluster.rank_port + rank
+        address = ", ".join(f"{a.ip}:{port}" for a in addresses)
         lines.append(
             f"  {rank:<5} {node.name:<16} {node.transport:<10} {address:<22} "
             f"{node.python_executable} ({where})"

@@ -20,6 +20,7 @@ import tomli_w
 from contract import rank_env
 from contract.settings import RankSettings, encode_settings
 from orchestrator.config import ClusterSpec, NodeSpec
+from orchestrator.config.links import rank_addresses
 
 RUNS_DIR = "~/.cache/mlx-cluster-orchestrator/runs"
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
@@ -86,8 +87,10 @@ def build_plan(spec: ClusterSpec, launch_id: str) -> LaunchPlan:
 
 
 def _hostfile(spec: ClusterSpec) -> list[list[str]]:
+    """MLX's ring hostfile: each rank's listen addresses (see config/links.py)."""
     return [
-        [f"{node.rank_ip}:{spec.cluster.rank_port + rank}"] for rank, node in enumerate(spec.nodes)
+        [f"{address.ip}:{spec.cluster.rank_port + rank}" for address in addresses]
+        for rank, addresses in enumerate(rank_addresses(spec))
     ]
 
 

@@ -23,6 +23,7 @@ class Cause(StrEnum):
     INIT_TIMEOUT = "init_timeout"
     HANG = "hang"
     AGENT_LOST = "agent_lost"
+    LINK_DOWN = "link_down"  # a link between ranks stopped answering the agents' probes
 
 
 # JACCL reports ibv_* failures with errno 16 when the RDMA resources of a previous job are

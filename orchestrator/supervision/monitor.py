@@ -1,4 +1,5 @@
-"""Turns what the agents report (rank exits, a lost agent) into failures of the current gang.
+"""Turns what the agents report (rank exits, a lost agent, a silent link) into failures of
+the current gang.
 
 The agents' callbacks land here; the supervision loop waits on `failed` and, once the gang
 is stopped, takes every failure collected meanwhile to pick the root cause.
@@ -10,7 +11,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from contract.agent_protocol import Event, Exited, Log
+from contract.agent_protocol import Event, Exited, LinkState, Log
+from orchestrator.config.links import Hop
 from orchestrator.launch.gang import Gang
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, RankFailure, classify_exit
@@ -28,8 +30,11 @@ class GangMonitor:
         nodes: Mapping[str, NodeConnection],
         metrics: OrchestratorMetrics,
         clock: Callable[[], float],
+        hops: list[Hop] | None = None,
     ) -> None:
         self._nodes, self._metrics, self._clock = nodes, metrics, clock
+        self._names = list(nodes)  # rank order
+        self._hops = hops or []
         self.gang: Gang | None = None
         self._failures: list[RankFailure] = []
         self.failed = asyncio.Event()
@@ -57,6 +62,8 @@ class GangMonitor:
             rank_log.info("[%s r%d] %s", node, event.rank, event.line)
         elif isinstance(event, Exited):
             self._on_exit(node, event)
+        elif isinstance(event, LinkState) and not event.up and self.gang is not None:
+            self._on_link_down(node, event)
 
     def on_agent_lost(self, node: str, exit_info: AgentExit) -> None:
         self._metrics.node_up.labels(node=node).set(0)
@@ -71,6 +78,17 @@ class GangMonitor:
         if not exited.stopped:
             pressure = self._low_memory(node)
             self.report(classify_exit(exited, node, self._clock(), memory_pressure=pressure))
+
+    def _on_link_down(self, node: str, state: LinkState) -> None:
+        rank, peer = None, f"{state.host}:{state.port}"
+        for hop in self._hops:
+            if self._names[hop.src] == node and (hop.address.ip, hop.port) == (
+                state.host,
+                state.port,
+            ):
+                rank, peer = hop.src, f"{self._names[hop.dst]} at {peer} ({hop.address.field})"
+        detail = f"link to {peer} stopped answering: {state.error}"
+        self.report(RankFailure(Cause.LINK_DOWN, node, rank, detail, self._clock()))
 
     def _low_memory(self, node: str) -> bool:
         fingerprint = self._nodes[node].fingerprint

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
+from orchestrator.launch.reachability import LinkFailure
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, GangResult, RankFailure, RunResult
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that already failed
 WATCH_S = 1.0
 HISTORY = 20  # gang failures kept for status
+LINK_RETRY_S = 1.0  # between reachability checks while a link is down
 # Standby ranks start once the gang has been ready this long and rank 0 has no request,
 # so their start-up (seconds of CPU per node) does not slow the first requests; under
 # constant load they start anyway after STANDBY_BUSY_AFTER_S.
@@ -55,6 +57,16 @@ class Probe(Protocol):
     async def sample(self, base_url: str) -> ServingSample | None: ...
 
 
+class Links(Protocol):
+    """The links between ranks (launch.reachability.LinkChecks; a fake in unit tests)."""
+
+    async def check(self) -> list[LinkFailure]: ...
+
+    async def watch(self) -> None: ...
+
+    async def unwatch(self) -> None: ...
+
+
 class Supervisor:
     def __init__(
         self,
@@ -66,12 +78,14 @@ class Supervisor:
         probe: Probe,
         new_gang: Callable[[], Gang],
         *,
+        links: Links | None = None,
         on_launch: Callable[[Gang], None] = lambda gang: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.spec, self.pool, self.metrics, self.machine = spec, pool, metrics, machine
         self.monitor, self.probe, self._new_gang = monitor, probe, new_gang
+        self.links = links
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
         self.policy = RestartPolicy(spec.supervisor, clock)
         self.gang: Gang | None = None
@@ -165,6 +179,8 @@ class Supervisor:
         self.machine.to(GangState.LAUNCHING)
         started = self._clock()
         failures = await self._launch()
+        if self._stop.is_set():
+            return None
         if not failures:
             failures = await self._first_of(self._until_healthy())
         if not failures and not self._stop.is_set():
@@ -175,6 +191,8 @@ class Supervisor:
             self.machine.to(
                 GangState.READY, f"serving at http://{self.spec.api.host}:{self.spec.api.port}/v1"
             )
+            if self.links is not None:
+                await self.links.watch()
             failures = await self._first_of(self._watch_progress())
         if not failures or self._stop.is_set():
             return None
@@ -199,6 +217,8 @@ class Supervisor:
             ]
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())
+        if not await self._links_ready():
+            return []  # a stop request came while the links were down
         gang = self.gang = self._next_gang or self._new_gang()
         self._next_gang = None
         self.monitor.watch(gang)
@@ -214,6 +234,19 @@ class Supervisor:
                         self._clock())
             for f in spawn_failures
         ]
+
+    async def _links_ready(self) -> bool:
+        """Until every link between ranks answers (True) or a stop request (False): a gang
+        launched over a dead cable would only hang in its ring set-up."""
+        while self.links is not None:
+            failures = await self.links.check()
+            if not failures:
+                break
+            waiting = "; ".join(f"{f.src} -> {f.dst} {f.address}: {f.error}" for f in failures)
+            self.machine.to(self.state, f"waiting for links: {waiting}")
+            if await self._stop_within(self._sleep(LINK_RETRY_S)):
+                return False
+        return True
 
     async def _start_standby_when_due(self, sample: ServingSample | None) -> None:
         """Start the next launch's ranks as standbys, once per gang, when due (see above)."""
@@ -316,6 +349,8 @@ class Supervisor:
             return
         if grace_s is None:
             grace_s = self.spec.supervisor.stop_grace_s
+        if self.links is not None:
+            await self.links.unwatch()
         await gang.stop(0.0 if self._force else grace_s)
         leftovers = await gang.leftovers()
         if leftovers:

@@ -269,6 +269,22 @@ class AgentHandle:
     async def list_ranks(self, timeout: float = 10.0) -> list[RankInfo]:
         return (await self.request(ListRanks(), RankList, timeout)).ranks
 
+    async def listen(self, host: str, port: int, timeout: float = 10.0) -> None:
+        """Accept TCP connections on host:port of the node (AgentRequestError bind_failed)."""
+        await self.request(protocol.Listen(host=host, port=port), Ok, timeout)
+
+    async def unlisten(self, host: str, port: int, timeout: float = 10.0) -> None:
+        await self.request(protocol.Unlisten(host=host, port=port), Ok, timeout)
+
+    async def connect(self, host: str, port: int, timeout_s: float = 3.0) -> protocol.Reachable:
+        """Whether the node can open a TCP connection to host:port."""
+        msg = protocol.Connect(host=host, port=port, timeout_s=timeout_s)
+        return await self.request(msg, protocol.Reachable, timeout_s + 10.0)
+
+    async def watch_links(self, targets: list[protocol.LinkTarget], timeout: float = 10.0) -> None:
+        """Probe these links from the node while the gang runs; LinkState events follow."""
+        await self.request(protocol.WatchLinks(targets=targets), Ok, timeout)
+
     # ── internals ──
 
     async def _read_loop(self) -> None:
@@ -292,7 +308,7 @@ class AgentHandle:
         except msgspec.DecodeError as exc:
             log.warning("[%s] undecodable line from agent (%s): %r", self.node, exc, line[:200])
             return
-        if isinstance(msg, Hello | protocol.Log | Exited):
+        if isinstance(msg, Hello | protocol.Log | Exited | protocol.LinkState):
             self._deliver(msg)
             return
         fut = self._pending.get(msg.id) if msg.id is not None else None

@@ -30,8 +30,8 @@ def ssh_target(node: NodeSpec) -> tuple[str | None, str]:
         raise TransportError(
             node.name, ErrorKind.CONFIG, "transport = 'ssh' needs ssh = 'user@host'"
         )
-    user, sep, host = node.ssh.rpartition("@")
-    host = host.strip("[]")
+    user, sep, _ = node.ssh.rpartition("@")
+    host = node.ssh_host
     if not host:
         raise TransportError(node.name, ErrorKind.CONFIG, f"ssh = {node.ssh!r} names no host")
     return (user if sep and user else None), host

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigErrors, ConfigIssue, check_cluster_file, load_cluster
+from orchestrator.config.links import hops
+from orchestrator.launch.plan import build_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [ROOT / "cluster.toml.example", *sorted((ROOT / "docs" / "examples").glob("*.toml"))]
@@ -22,6 +25,24 @@ ip = "127.0.0.1"
 [[nodes]]
 name = "b"
 ip = "127.0.0.1"
+"""
+# A cabled ring: a /30 per cable, each node a different address towards each neighbour.
+RING_OF_THREE = """
+[[nodes]]
+name = "a"
+[[nodes]]
+name = "b"
+[[nodes]]
+name = "c"
+[[links]]
+between = ["a", "b"]
+ips = ["10.0.1.1", "10.0.1.2"]
+[[links]]
+between = ["b", "c"]
+ips = ["10.0.2.1", "10.0.2.2"]
+[[links]]
+between = ["c", "a"]
+ips = ["10.0.3.2", "10.0.3.1"]
 """
 JACCL_PAIR = """
 [cluster]
@@ -160,14 +181,47 @@ BROKEN = [
     (
         "port clash",
         TWO_RING_NODES + "[serving]\nrank_api_port = 52101\n",
-        "cluster.rank_port",
-        "127.0.0.1:52101 is used by rank 1 (b) and serving.rank_api_port",
+        "serving.rank_api_port",
+        "127.0.0.1:52101 is used by rank 1 (b) and rank 0's API",
     ),
     (
-        "rank ports overflow",
+        "gateway port clash",
         LOCAL_NODE + "[cluster]\nrank_port = 65535\n[api]\nport=65535\n",
-        "cluster.rank_port",
-        "used by",
+        "api.port",
+        "used by rank 0 (a) and the gateway",
+    ),
+    ("ipv6 ring address", TWO_RING_NODES.replace('"127.0.0.1"', '"::1"'), "nodes[0].ip", "IPv6"),
+    (
+        "link to an unknown node",
+        RING_OF_THREE.replace('between = ["c", "a"]', 'between = ["c", "z"]'),
+        "links[2].between[1]",
+        "'z' is not a node",
+    ),
+    (
+        "links that are not a ring",
+        RING_OF_THREE.replace('between = ["c", "a"]', 'between = ["a", "b"]'),
+        "links",
+        "no link between c and a: the ring a -> b -> c -> a is not closed",
+    ),
+    (
+        "link between non-neighbours",
+        RING_OF_THREE.replace(
+            '[[nodes]]\nname = "c"', '[[nodes]]\nname = "d"\n[[nodes]]\nname = "c"'
+        ),
+        "links[1].between",
+        "b and c are not neighbours",
+    ),
+    (
+        "ipv6 on a link",
+        RING_OF_THREE.replace('"10.0.3.1"', '"fd00::1"'),
+        "links[2].ips[1]",
+        "IPv6",
+    ),
+    (
+        "links on jaccl",
+        JACCL_PAIR + '[[links]]\nbetween = ["a", "b"]\nips = ["10.0.1.1", "10.0.1.2"]\n',
+        "links",
+        "only used by the ring backend",
     ),
     (
         "jaccl without rdma",
@@ -277,3 +331,17 @@ def test_cli_validate_lists_errors_with_exit_2(tmp_path: Path) -> None:
     assert f"{path}: 2 errors" in result.stderr
     assert f"{path}: api.port" in result.stderr
     assert "did you mean 'host'" in result.stderr
+
+
+def test_ring_links_give_each_rank_its_address_towards_the_previous_node(tmp_path: Path) -> None:
+    """Rank i listens on node i's address on the cable to node i-1, as MLX's ring expects."""
+    spec = load_cluster(write(tmp_path, RING_OF_THREE))
+    plan = build_plan(spec, "L1")
+    hostfile = json.loads(plan.ranks[0].files["hostfile.json"])
+    assert hostfile == [["10.0.3.1:52100"], ["10.0.1.2:52101"], ["10.0.2.2:52102"]]
+    connections = [(hop.src, hop.dst, hop.address.ip, hop.address.field) for hop in hops(spec)]
+    assert connections == [
+        (2, 0, "10.0.3.1", "links[2].ips[1]"),
+        (0, 1, "10.0.1.2", "links[0].ips[1]"),
+        (1, 2, "10.0.2.2", "links[1].ips[1]"),
+    ]
