@@ -66,6 +66,21 @@ def _parser() -> argparse.ArgumentParser:
     command(
         "down", "stop the running cluster; no process of it is left", _down, config_optional=True
     )
+    linktest = command(
+        "linktest",
+        "measure the links between the nodes (correctness, latency, bandwidth per link)",
+        _linktest,
+    )
+    linktest.add_argument("--json", action="store_true", help="machine-readable output")
+    linktest.add_argument(
+        "--min-gbps", type=float, default=0.0, help="fail when a link is slower (Gbit/s)"
+    )
+    linktest.add_argument(
+        "--force", action="store_true", help="run even while the cluster is serving"
+    )
+    linktest.add_argument(
+        "--timeout-s", type=float, default=120.0, help="end the test after this long"
+    )
     command(
         "restart",
         "reset the restart budget and relaunch a failed cluster",
@@ -103,6 +118,19 @@ def _up(args: argparse.Namespace) -> int:
     for warning in warnings:
         logging.getLogger("orchestrator").warning("%s", warning.render(args.config))
     return asyncio.run(Service(spec, args.config).run())
+
+
+def _linktest(args: argparse.Namespace) -> int:
+    from orchestrator.linktest import linktest
+
+    spec, _warnings = check_cluster_file(args.config)
+    return linktest(
+        spec,
+        force=args.force,
+        min_gbps=args.min_gbps,
+        as_json=args.json,
+        timeout_s=args.timeout_s,
+    )
 
 
 def _status(args: argparse.Namespace) -> int:
