@@ -77,7 +77,7 @@ class SshdServer:
         return (self.dir / "sshd.log").read_text(errors="replace")
 
 
-def _keygen(path: Path) -> str:
+def keygen(path: Path) -> str:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "test", "-f", str(path)],
         check=True,
@@ -85,11 +85,12 @@ def _keygen(path: Path) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
-def _write_config(d: Path, port: int) -> Path:
+def sshd_config(d: Path, host: str, port: int) -> Path:
+    """A config for one test sshd: its own host key, pid file and authorized_keys in d."""
     config = d / "sshd_config"
     config.write_text(
         f"Port {port}\n"
-        "ListenAddress 127.0.0.1\n"
+        f"ListenAddress {host}\n"
         f"HostKey {d / 'host_ed25519'}\n"
         f"PidFile {d / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {d / 'authorized_keys'}\n"
@@ -106,12 +107,12 @@ def _write_config(d: Path, port: int) -> Path:
     return config
 
 
-def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+def wait_listening(proc: subprocess.Popen[bytes], host: str, port: int, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited with {proc.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        with contextlib.suppress(OSError), socket.create_connection((host, port), 0.5):
             return
         time.sleep(0.05)
     raise RuntimeError(
@@ -119,7 +120,7 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None
     )
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """End the listener and any session process still under it, by PID."""
     with contextlib.suppress(psutil.Error):
         for child in psutil.Process(proc.pid).children(recursive=True):
@@ -138,8 +139,8 @@ def run_sshd(d: Path) -> Iterator[SshdServer]:
     if os.geteuid() == 0 and not Path("/run/sshd").is_dir():
         Path("/run/sshd").mkdir(mode=0o755)  # sshd's privilege separation dir
     port = free_port()
-    host_pub = _keygen(d / "host_ed25519")
-    user_pub = _keygen(d / "id_ed25519")
+    host_pub = keygen(d / "host_ed25519")
+    user_pub = keygen(d / "id_ed25519")
     (d / "authorized_keys").write_text(user_pub + "\n")
     alg, blob = host_pub.split()[:2]
     line = f"[127.0.0.1]:{port} {alg} {blob}"
@@ -147,13 +148,13 @@ def run_sshd(d: Path) -> Iterator[SshdServer]:
     log = d / "sshd.log"
     with log.open("wb") as log_file:
         proc = subprocess.Popen(
-            [str(SSHD), "-D", "-e", "-f", str(_write_config(d, port))],
+            [str(SSHD), "-D", "-e", "-f", str(sshd_config(d, "127.0.0.1", port))],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
     try:
-        _wait_listening(proc, port, log)
+        wait_listening(proc, "127.0.0.1", port, log)
         yield SshdServer(
             host="127.0.0.1",
             port=port,
@@ -165,7 +166,7 @@ def run_sshd(d: Path) -> Iterator[SshdServer]:
             process=proc,
         )
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="session")

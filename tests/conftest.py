@@ -7,6 +7,7 @@ import contextlib
 import psutil
 import pytest
 
+from testkit.netns import netns_hosts  # noqa: F401
 from testkit.sshd import sshd  # noqa: F401
 from tests.model_fixtures import bundled_model_dir, tiny_model_dir  # noqa: F401
 

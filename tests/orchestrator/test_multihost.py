@@ -1,0 +1,119 @@
+"""Clusters across network namespaces: each node a host with its own sshd and addresses."""
+
+from __future__ import annotations
+
+import json
+import time
+import tomllib
+from pathlib import Path
+
+import openai
+import pytest
+import tomli_w
+
+from testkit.netns import HostsFactory, MultiHost
+from testkit.orchestrator_process import Orchestrator, run_cli, running, write_cluster
+from testkit.rank_cluster import rank_cluster
+
+pytestmark = pytest.mark.timeout(600)
+
+BUNDLED = "bundled:smollm2-135m-instruct"
+PROMPTS = ["The capital of France is"]
+# Standby ranks would start (and import MLX) while the test talks to the cluster: off.
+NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
+
+
+@pytest.fixture(scope="module")
+def one_rank_text(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path) -> list[str]:
+    """Greedy completions of PROMPTS by the bundled model on one rank: the reference."""
+    with rank_cluster(
+        tmp_path_factory.mktemp("one"), bundled_model_dir, 1, served_model_id="m"
+    ) as cluster:
+        return [complete(cluster.base_url, "m", prompt) for prompt in PROMPTS]
+
+
+def complete(base_url: str, model: str, prompt: str) -> str:
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="-", max_retries=0, timeout=300)
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
+    return reply.choices[0].text
+
+
+def ring_cluster(tmp_path: Path, net: MultiHost, model: str = BUNDLED) -> Path:
+    """cluster.toml for the ring hosts: no node `ip`, the cables in [[links]]."""
+    config = write_cluster(
+        tmp_path, model, [net.node(i) for i in range(len(net.hosts))], **NO_STANDBY
+    )
+    data = tomllib.loads(config.read_text())
+    data["links"] = net.links()
+    config.write_text(tomli_w.dumps(data))
+    return config
+
+
+def api_url(config: Path) -> str:
+    api = tomllib.loads(config.read_text())["api"]
+    return f"http://{api['host']}:{api['port']}"
+
+
+def only_sshd_left(net: MultiHost, within_s: float = 30.0) -> bool:
+    """Nothing but its sshd runs in any host: agents and ranks are all gone."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        extra = [set(host.pids()) - {host.sshd.pid if host.sshd else 0} for host in net.hosts]
+        if not any(extra):
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def serve_and_compare(net: MultiHost, config: Path, reference: list[str]) -> None:
+    url = api_url(config)
+    with running(config, url=url) as orchestrator:
+        assert [complete(url, "smollm2-135m-instruct", p) for p in PROMPTS] == reference
+        status = json.loads(run_cli("status", str(config), "--json").stdout)
+        assert [(n["name"], n["connected"]) for n in status["nodes"]] == [
+            (host.name, True) for host in net.hosts
+        ]
+        assert [r["state"] for r in status["ranks"]] == ["running"] * len(net.hosts)
+        assert run_cli("down", str(config)).returncode == 0
+        assert orchestrator.wait_exit() == 0
+    assert only_sshd_left(net)
+
+
+def test_three_hosts_on_a_switch_serve_like_one_rank(
+    netns_hosts: HostsFactory, tmp_path: Path, one_rank_text: list[str]
+) -> None:
+    """3 SSH nodes, one subnet: greedy output equals 1 rank; status shows them; down cleans."""
+    net = netns_hosts(3, "switch")
+    config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(3)], **NO_STANDBY)
+    serve_and_compare(net, config, one_rank_text)
+
+
+def test_three_hosts_cabled_in_a_ring_serve_like_one_rank(
+    netns_hosts: HostsFactory, tmp_path: Path, one_rank_text: list[str]
+) -> None:
+    """3 nodes, 3 point-to-point links, no shared subnet: [[links]] give the ring its
+    addresses and it serves exactly as 1 rank does."""
+    net = netns_hosts(3, "ring")
+    config = ring_cluster(tmp_path, net)
+    serve_and_compare(net, config, one_rank_text)
+
+
+def test_a_dead_cable_is_refused_before_launch(netns_hosts: HostsFactory, tmp_path: Path) -> None:
+    """100% loss on the cable h1-h2: `up` refuses within seconds, naming that link."""
+    net = netns_hosts(3, "ring")
+    net.drop_all(1, 2)
+    config = ring_cluster(tmp_path, net)
+    started = time.monotonic()
+    orchestrator = Orchestrator(config)
+    try:
+        code = orchestrator.wait_exit(60)
+    finally:
+        orchestrator.stop()
+    elapsed = time.monotonic() - started
+    assert code == 2, orchestrator.text
+    assert elapsed < 10, f"refused only after {elapsed:.1f} s"
+    address = net.hosts[2].data_ips[1]
+    rows = [line for line in orchestrator.output if address in line]
+    assert rows and "h1" in rows[0] and "h2" in rows[0], orchestrator.text
+    assert "links[1].ips[1]" in orchestrator.text
+    assert only_sshd_left(net)
