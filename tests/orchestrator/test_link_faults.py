@@ -1,0 +1,95 @@
+"""Link faults while serving, across network namespaces, under a steady request load."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from testkit.load import Load, fault
+from testkit.netns import HostsFactory, MultiHost
+from testkit.orchestrator_process import Orchestrator, run_cli, running, write_cluster
+
+pytestmark = pytest.mark.timeout(300)
+
+REQUEST_TIMEOUT_S = 30.0
+HOLD_S = 12.0  # the benchmark holds faults for 20 s; the behaviour is the same
+SETTINGS = {
+    "serving": {"request_timeout_s": REQUEST_TIMEOUT_S},
+    "supervisor": {"backoff_initial_s": 0.5, "stop_grace_s": 2.0, "launch_timeout_s": 120.0},
+}
+# What a request may end with during a fault: done (resent when it had no token yet), or a
+# stream cut after its first token, which ends with an error event, never a hang.
+TOLERATED = {"ok", "sse_error:stream_interrupted", "sse_error:engine_error"}
+
+
+class Serving:
+    def __init__(self, net: MultiHost, url: str, model: str, orchestrator: Orchestrator) -> None:
+        self.net, self.url, self.model, self.orchestrator = net, url, model, orchestrator
+
+    def restarts(self) -> dict[str, float]:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return {
+            sample.labels["cause"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "orchestrator_restarts_total"
+        }
+
+
+@pytest.fixture
+def serving(
+    netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
+) -> Iterator[Serving]:
+    """Two hosts on a switch serving the tiny model; `down` at the end leaves nothing."""
+    net = netns_hosts(2, "switch")
+    config = write_cluster(tmp_path, str(tiny_model_dir), [net.node(0), net.node(1)], **SETTINGS)
+    api = tomllib.loads(config.read_text())["api"]
+    url = f"http://{api['host']}:{api['port']}"
+    with running(config, url=url) as orchestrator:
+        yield Serving(net, url, tiny_model_dir.name, orchestrator)
+        assert run_cli("down", str(config)).returncode == 0
+        assert orchestrator.wait_exit() == 0
+
+
+def under_load(
+    serving: Serving, apply: Callable[[], None], revert: Callable[[], None]
+) -> tuple[Load, float, float]:
+    """Run the fault under load; returns the load and the fault's (applied, served again)."""
+    with Load(serving.url, serving.model, REQUEST_TIMEOUT_S) as load:
+        while not any(o.result == "ok" for o in load.outcomes):
+            time.sleep(0.2)
+        times = fault(serving.url, load, apply, revert, HOLD_S)
+        assert times.served_again is not None, serving.orchestrator.text[-3000:]
+        time.sleep(1.0)  # a few requests on the new gang
+    assert load.hung() == []
+    return load, times.applied, times.served_again
+
+
+@pytest.mark.parametrize("kind", ["link down", "100% loss"])
+def test_a_cut_link_restarts_the_gang_once_it_is_back(serving: Serving, kind: str) -> None:
+    """The worker's data link cut for a while: noticed as link_down, the gang restarted once
+    the link answers again; requests are resent or their stream ends with an error event."""
+    net = serving.net
+    apply, revert = {
+        "link down": (lambda: net.link_down(1), lambda: net.link_up(1)),
+        "100% loss": (lambda: net.drop_all(1), lambda: net.clear(1)),
+    }[kind]
+    load, applied, served = under_load(serving, apply, revert)
+    assert serving.restarts().get("link_down", 0) >= 1, serving.orchestrator.text[-3000:]
+    results = {o.result for o in load.between(applied, served)}
+    assert results <= TOLERATED, results
+    assert load.outcomes[-1].result == "ok"
+
+
+def test_a_slow_link_keeps_serving_without_restart(serving: Serving) -> None:
+    """The worker's link shaped to 10 Mbit/s: slower, but no restart and no failed request."""
+    net = serving.net
+    load, _, _ = under_load(serving, lambda: net.shape(1, rate="10mbit"), lambda: net.clear(1))
+    assert sum(serving.restarts().values()) == 0
+    assert {o.result for o in load.outcomes} == {"ok"}
