@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from orchestrator.state_file import ClusterState, own_start_time, write_state
+from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import run_cli, write_cluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -51,3 +55,39 @@ def test_linktest_refused_while_serving(tmp_path: Path) -> None:
     result = run_cli("linktest", str(config), timeout=60)
     assert result.returncode == 2
     assert "is serving" in result.stdout and "--force" in result.stdout
+
+
+def ring_config(tmp_path: Path, net: MultiHost) -> Path:
+    config = write_cluster(
+        tmp_path, "bundled:smollm2-135m-instruct", [net.node(i) for i in (0, 1, 2)]
+    )
+    data = tomllib.loads(config.read_text())
+    data["links"] = net.links()
+    config.write_text(tomli_w.dumps(data))
+    return config
+
+
+def test_linktest_sees_the_shaped_cable(netns_hosts: HostsFactory, tmp_path: Path) -> None:
+    """A ring of 3 hosts with the h0-h1 cable shaped to 200 Mbit/s: that link measures below
+    0.25 Gbit/s, the others several times more."""
+    net = netns_hosts(3, "ring")
+    net.shape(0, 1, rate="200mbit")
+    result = run_cli("linktest", str(ring_config(tmp_path, net)), "--json", timeout=170)
+    assert result.returncode == 0, result.stdout + result.stderr
+    gbits = {
+        (link["from"], link["to"]): link["gbits"] for link in json.loads(result.stdout)["links"]
+    }
+    assert gbits[("h0", "h1")] < 0.25, gbits
+    assert min(gbits[("h1", "h2")], gbits[("h2", "h0")]) > 4 * gbits[("h0", "h1")], gbits
+
+
+def test_linktest_names_a_dead_cable_in_seconds(netns_hosts: HostsFactory, tmp_path: Path) -> None:
+    """Every packet on the h1-h2 cable dropped: linktest fails fast, naming that link."""
+    net = netns_hosts(3, "ring")
+    net.drop_all(1, 2)
+    started = time.monotonic()
+    result = run_cli("linktest", str(ring_config(tmp_path, net)), timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert time.monotonic() - started < 20
+    row = next(line for line in result.stdout.splitlines() if net.hosts[2].data_ips[1] in line)
+    assert "h1" in row and "h2" in row and "no answer" in row
