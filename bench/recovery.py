@@ -37,108 +37,88 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
-import tomli_w
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from testkit.orchestrator_process import alive, end_session, launch_processes  # noqa: E402
-from testkit.ports import free_port, free_port_block  # noqa: E402
+from bench.recovery_report import (  # noqa: E402
+    HEALTH_POLL_S,
+    KILLED_RANK,
+    LAUNCHING,
+    LOADED,
+    RANK_LINE,
+    Run,
+    metric_deltas,
+    read_milestones,
+    value,
+    write,
+)
+from testkit.orchestrator_process import (  # noqa: E402
+    Orchestrator,
+    alive,
+    end_session,
+    launch_processes,
+    write_cluster,
+)
 
-KILLED_RANK = 1
-HEALTH_POLL_S = 0.1
 RESET_AFTER_S = 1.0
 WATCH_S = 1.0  # supervisor.WATCH_S: how often note_ready (the backoff reset) runs
 RUN_TIMEOUT_S = 600.0
 
-FAILURE = re.compile(r"failure: (.*)")
-STATE = re.compile(r"state (\w+) -> (\w+)")
-RELAUNCH = re.compile(r"backoff ([\d.]+) s \(restart")
 STANDBY = re.compile(r"rank \d+ standby on \S+: pid \d+, launch (\S+)")
 STANDBY_SETTLE_S = 5.0  # after the standbys are started: their imports finish
-LAUNCHING = re.compile(r"launching (\d+) ranks, launch (\S+)")
-RANK_LINE = re.compile(r"\[\S+ r(\d+)\] (.*)")
-JOINED = re.compile(r"\brank \d+ of \d+ \(backend")
-LOADED = re.compile(r"\bloaded .* in ([\d.]+) s")
 
 
 # ── the orchestrator under test ──
 
 
-def write_cluster(
+def write_bench_cluster(
     tmp: Path, model: str, ranks: int, runs: int, standby: bool
 ) -> tuple[Path, dict[str, Any]]:
-    """The demo cluster (N local ranks over ring) on free ports; returns (path, supervisor)."""
+    """The demo cluster (N local ranks over ring) on free ports; returns (path, supervisor).
+    Defaults everywhere but the supervisor overrides the docstring names."""
     supervisor = {
         "backoff_reset_after_s": RESET_AFTER_S,
         "max_restarts": runs + 2,
         "standby_ranks": standby,
     }
-    data = {
-        "cluster": {
-            "name": "recovery-bench",
-            "backend": "ring",
-            "state_dir": str(tmp / "state"),
-            "rank_port": free_port_block(ranks),
-        },
-        "model": {"path": model},
-        "api": {"host": "127.0.0.1", "port": free_port()},
-        "serving": {"rank_api_port": free_port()},
-        "supervisor": supervisor,
-        "nodes": [
-            {"name": f"rank{i}", "transport": "local", "ip": "127.0.0.1"} for i in range(ranks)
-        ],
-    }
-    path = tmp / "cluster.toml"
-    path.write_text(tomli_w.dumps(data))
+    nodes = [{"name": f"rank{i}", "transport": "local", "ip": "127.0.0.1"} for i in range(ranks)]
+    defaults = {"stop_grace_s": 10.0, "launch_timeout_s": 600.0}  # testkit shortens them
+    path = write_cluster(
+        tmp,
+        model,
+        nodes,
+        cluster={"name": "recovery-bench", "backend": "ring"},
+        serving={"keepalive_s": 0.5},
+        supervisor={**defaults, **supervisor},
+    )
     return path, supervisor
 
 
-class Orchestrator:
-    """`orchestrator up` in its own session; every output line kept with its arrival time."""
+class BenchOrchestrator(Orchestrator):
+    """testkit's `orchestrator up`, read back over HTTP and by its timestamped log lines."""
 
     def __init__(self, config: Path, url: str) -> None:
+        super().__init__(config)
         self.url = url
-        self.started = time.monotonic()
-        self.lines: list[tuple[float, str]] = []
-        self.launch_ids: set[str] = set()
-        self.descendants: set[int] = set()
         self.http = httpx.Client(timeout=10)  # one client: a new one per poll costs CPU
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "up", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-            if match := LAUNCHING.search(line):
-                self.launch_ids.add(match.group(2))
+    @property
+    def launch_ids(self) -> set[str]:
+        return {m.group(2) for _t, line in list(self.lines) if (m := LAUNCHING.search(line))}
 
     def since(self, t0: float) -> list[tuple[float, str]]:
         return [(t, line) for t, line in list(self.lines) if t >= t0]
@@ -148,7 +128,7 @@ class Orchestrator:
         path.write_text("".join(f"+{t - self.started:9.3f} {line}\n" for t, line in self.lines))
 
     def tail(self, n: int = 60) -> str:
-        return "\n".join(line for _t, line in self.lines[-n:])
+        return "\n".join(self.output[-n:])
 
     def status(self) -> dict[str, Any]:
         return dict(self.http.get(f"{self.url}/status").json())
@@ -163,7 +143,9 @@ class Orchestrator:
                 values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return values
 
-    def wait_ready(self, not_launch: str = "", timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
+    def wait_launch_ready(
+        self, not_launch: str = "", timeout_s: float = RUN_TIMEOUT_S
+    ) -> dict[str, Any]:
         """Wait for state ready under a launch id other than not_launch; returns the status."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -177,12 +159,7 @@ class Orchestrator:
             time.sleep(0.25)
         raise RuntimeError(f"not ready within {timeout_s:g} s:\n{self.tail()}")
 
-    def remember_descendants(self) -> None:
-        with contextlib.suppress(psutil.Error):
-            children = psutil.Process(self.process.pid).children(recursive=True)
-            self.descendants |= {child.pid for child in children}
-
-    def stop(self) -> list[int]:
+    def stop_all(self) -> list[int]:
         """SIGTERM (then SIGKILL to its session); returns PIDs of ours that had to be killed."""
         self.http.close()
         end_session(self.process)
@@ -221,23 +198,6 @@ class HealthWatch:
 
 
 # ── one run ──
-
-
-@dataclass
-class Run:
-    launch_before: str = ""
-    launch_after: str = ""
-    killed_pid: int = 0
-    cause: str = ""
-    restarts_delta: float = 0.0
-    backoff_s: float | None = None
-    warm_request_s: float = 0.0  # a request's latency on the warm gang, before the kill
-    load_s: dict[int, float] = field(default_factory=dict)  # rank -> `loaded in X s`
-    launch_duration_s: float | None = None  # histogram delta: this relaunch
-    recovery_metric_s: float | None = None  # orchestrator_recovery_seconds delta
-    held_status: str = ""
-    retry_attempts: list[tuple[float, float, str]] = field(default_factory=list)  # sent, done
-    t: dict[str, float] = field(default_factory=dict)  # milestone -> seconds after the kill
 
 
 def complete(url: str, model: str, timeout_s: float) -> int:
@@ -289,7 +249,7 @@ def warm_up(url: str, model: str) -> float:
     return time.monotonic() - started
 
 
-def wait_for_standbys(orch: Orchestrator, ranks: int, timeout_s: float = 60.0) -> None:
+def wait_for_standbys(orch: BenchOrchestrator, ranks: int, timeout_s: float = 60.0) -> None:
     """Until the next launch's ranks are all standing by (then their imports' time)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -302,9 +262,9 @@ def wait_for_standbys(orch: Orchestrator, ranks: int, timeout_s: float = 60.0) -
 
 
 def one_run(
-    orch: Orchestrator, health: HealthWatch, model: str, ranks: int, standby: bool
+    orch: BenchOrchestrator, health: HealthWatch, model: str, ranks: int, standby: bool
 ) -> Run:
-    status = orch.wait_ready()
+    status = orch.wait_launch_ready()
     warm_s = warm_up(orch.url, model)
     time.sleep(RESET_AFTER_S + 2 * WATCH_S)  # let the backoff reset (note_ready) run
     if standby:
@@ -325,178 +285,17 @@ def one_run(
     ]
     for client in clients:
         client.start()
-    after = orch.wait_ready(not_launch=run.launch_before)
+    after = orch.wait_launch_ready(not_launch=run.launch_before)
     for client in clients:
         client.join(RUN_TIMEOUT_S)
     run.launch_after, run.cause = after["launch_id"], after["last_cause"]
-    _read_milestones(run, orch.since(t_kill), t_kill, ranks)
+    read_milestones(run, orch.since(t_kill), t_kill, ranks)
     if (down := health.first(t_kill, ok=False)) is not None:
         run.t["health_503"] = down - t_kill
         if (up := health.first(down, ok=True)) is not None:
             run.t["health_200"] = up - t_kill
-    _metric_deltas(run, before, orch.metrics())
+    metric_deltas(run, before, orch.metrics())
     return run
-
-
-def _read_milestones(run: Run, lines: list[tuple[float, str]], t_kill: float, ranks: int) -> None:
-    joined: dict[int, float] = {}
-    loaded: dict[int, float] = {}
-
-    def mark(name: str, t: float) -> None:
-        run.t.setdefault(name, t - t_kill)
-
-    for t, line in lines:
-        if FAILURE.search(line):
-            mark("detected", t)
-        elif (state := STATE.search(line)) and state.group(2) in ("restarting", "ready"):
-            mark(state.group(2), t)
-        elif relaunch := RELAUNCH.search(line):
-            mark("stopped", t)
-            run.backoff_s = float(relaunch.group(1))
-        elif LAUNCHING.search(line):
-            mark("launching", t)
-        elif (rank_line := RANK_LINE.search(line)) and run.launch_after in line:
-            rank, text = int(rank_line.group(1)), rank_line.group(2)
-            if JOINED.search(text):
-                joined.setdefault(rank, t)
-            elif load := LOADED.search(text):
-                loaded.setdefault(rank, t)
-                run.load_s[rank] = float(load.group(1))
-    if len(joined) == ranks:
-        mark("joined", max(joined.values()))
-    if len(loaded) == ranks:
-        mark("loaded", max(loaded.values()))
-
-
-def _metric_deltas(run: Run, before: dict[str, float], after: dict[str, float]) -> None:
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    run.restarts_delta = sum(
-        after[k] - before.get(k, 0.0) for k in after if k.startswith("orchestrator_restarts_total")
-    )
-    for attr, hist in (
-        ("launch_duration_s", "orchestrator_launch_duration_seconds"),
-        ("recovery_metric_s", "orchestrator_recovery_seconds"),
-    ):
-        if delta(f"{hist}_count") == 1:
-            setattr(run, attr, delta(f"{hist}_sum"))
-
-
-# ── report ──
-
-ROWS = [  # (label, key in Run.t or a Run attribute); all in seconds
-    ("kill -> failure detected (log line)", "detected"),
-    ("kill -> state restarting", "restarting"),
-    ("kill -> /health 503 (polled every 0.1 s)", "health_503"),
-    ("kill -> gang stopped, restart counted", "stopped"),
-    ("kill -> relaunch (backoff over)", "launching"),
-    ("kill -> all ranks joined (init)", "joined"),
-    ("kill -> all ranks loaded", "loaded"),
-    ("kill -> state ready", "ready"),
-    ("kill -> /health 200", "health_200"),
-    ("kill -> request sent at kill: 200", "served_held"),
-    ("kill -> request sent in restart: 200", "served_retry"),
-    ("warm request latency before the kill", "warm_request_s"),
-    ("model load, slowest rank", "load"),
-    ("launch duration (histogram)", "launch_duration_s"),
-    ("recovery (histogram: detected->ready)", "recovery_metric_s"),
-]
-
-
-def value(run: Run, key: str) -> float | None:
-    if key == "load":
-        return max(run.load_s.values()) if run.load_s else None
-    if key in run.t:
-        return run.t[key]
-    attr = getattr(run, key, None)
-    return attr if isinstance(attr, float) else None
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
-def summarize(runs: list[Run]) -> dict[str, dict[str, float]]:
-    summary = {}
-    for _label, key in ROWS:
-        values = [v for run in runs if (v := value(run, key)) is not None]
-        if values:
-            summary[key] = {**spread(values), "n": len(values)}
-    return summary
-
-
-def targets(runs: list[Run]) -> dict[str, str]:
-    """The issue's targets, as passed/total runs."""
-
-    def passed(key: str, limit: Any) -> str:
-        ok = sum(
-            1
-            for run in runs
-            if key in run.t and (bound := limit(run)) is not None and run.t[key] <= bound
-        )
-        return f"{ok}/{len(runs)} runs"
-
-    def load_plus_3(run: Run) -> float | None:
-        load = value(run, "load")
-        return None if load is None else load + 3.0
-
-    def load_plus_3_plus_request(run: Run) -> float | None:
-        bound = load_plus_3(run)
-        return None if bound is None else bound + run.warm_request_s
-
-    return {
-        "detected within 1 s": passed("detected", lambda run: 1.0),
-        "served within load + 3 s (request sent at kill)": passed("served_held", load_plus_3),
-        "served within load + 3 s + a warm request's latency": passed(
-            "served_held", load_plus_3_plus_request
-        ),
-        "state ready within load + 3 s (supervisor's part)": passed("ready", load_plus_3),
-    }
-
-
-PHASES = [  # (label, milestone that ends it); each phase starts at the previous milestone
-    ("detect (exit event reaches the supervisor)", "detected"),
-    ("detected -> restarting", "restarting"),
-    ("stop gang (SIGTERM, grace, SIGKILL)", "stopped"),
-    ("backoff", "launching"),
-    ("spawn + imports + ring init", "joined"),
-    ("model load + barrier", "loaded"),
-    ("rank 0 API up + ready poll", "ready"),
-    ("first request on the new gang", "served_held"),
-]
-
-
-def phases(runs: list[Run]) -> list[tuple[str, float]]:
-    """Where the recovery goes: each phase's median duration over the runs."""
-    durations: dict[str, list[float]] = {}
-    for run in runs:
-        previous = 0.0
-        for label, key in PHASES:
-            if key in run.t:
-                durations.setdefault(label, []).append(run.t[key] - previous)
-                previous = run.t[key]
-    return [
-        (label, statistics.median(durations[label])) for label, _key in PHASES if label in durations
-    ]
-
-
-def print_report(runs: list[Run], summary: dict[str, Any], initial: dict[str, Any]) -> None:
-    print(f"\n{len(runs)} runs; seconds (min / median / max)")
-    print(f"{'':44} {'min':>7} {'median':>7} {'max':>7}")
-    for label, key in ROWS:
-        if key in summary:
-            s = summary[key]
-            print(f"{label:44} {s['min']:7.2f} {s['median']:7.2f} {s['max']:7.2f}")
-    print("\nmedian recovery by phase:")
-    for label, seconds in phases(runs):
-        print(f"  {label:44} {seconds:6.2f}")
-    print(
-        f"\ninitial launch: load {initial.get('load_s')} s per rank, "
-        f"launch duration {initial.get('launch_duration_s')} s"
-    )
-    for name, verdict in targets(runs).items():
-        print(f"target {name}: {verdict}")
 
 
 # ── main ──
@@ -514,7 +313,7 @@ def main() -> int:
         parser.error("--ranks must be at least 2 (rank 1 is the one killed)")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
     with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
-        config, supervisor = write_cluster(
+        config, supervisor = write_bench_cluster(
             Path(tmp), args.model, args.ranks, args.runs, args.standby
         )
         api = tomllib.loads(config.read_text())["api"]
@@ -526,13 +325,13 @@ def main() -> int:
 
 
 def bench(args: argparse.Namespace, config: Path, supervisor: dict[str, Any], url: str) -> int:
-    orch = Orchestrator(config, url)
+    orch = BenchOrchestrator(config, url)
     health = HealthWatch(url)
     runs: list[Run] = []
     initial: dict[str, Any] = {}
     try:
         t0 = time.monotonic()
-        status = orch.wait_ready()
+        status = orch.wait_launch_ready()
         initial = _initial_launch(orch, status["launch_id"], time.monotonic() - t0)
         print(
             f"ready in {initial['up_s']:.1f} s (launch {status['launch_id']}); "
@@ -557,7 +356,7 @@ def bench(args: argparse.Namespace, config: Path, supervisor: dict[str, Any], ur
         # A second Ctrl-C must not cut the cleanup short and leave ranks behind.
         stops = (signal.SIGINT, signal.SIGTERM)
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in stops}
-        killed = orch.stop()
+        killed = orch.stop_all()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         left = launch_processes(*orch.launch_ids)
@@ -571,12 +370,12 @@ def bench(args: argparse.Namespace, config: Path, supervisor: dict[str, Any], ur
         out.parent.mkdir(parents=True, exist_ok=True)
         orch.save_output(out.with_suffix(".log"))
         if runs:
-            _write(out.with_suffix(".json"), args, supervisor, runs, initial, killed, left)
+            write(out.with_suffix(".json"), args, supervisor, runs, initial, killed, left)
         print(f"orchestrator output: {out.with_suffix('.log')}")
     return 0
 
 
-def _initial_launch(orch: Orchestrator, launch_id: str, up_s: float) -> dict[str, Any]:
+def _initial_launch(orch: BenchOrchestrator, launch_id: str, up_s: float) -> dict[str, Any]:
     load = {
         int(rank.group(1)): float(loaded.group(1))
         for _t, line in orch.lines
@@ -589,46 +388,6 @@ def _initial_launch(orch: Orchestrator, launch_id: str, up_s: float) -> dict[str
     total = metrics.get("orchestrator_launch_duration_seconds_sum", 0.0)
     duration = total / count if count else None
     return {"up_s": up_s, "load_s": load, "launch_duration_s": duration}
-
-
-def _write(
-    out: Path,
-    args: argparse.Namespace,
-    supervisor: dict[str, Any],
-    runs: list[Run],
-    initial: dict[str, Any],
-    killed: list[int],
-    left: list[int],
-) -> None:
-    summary = summarize(runs)
-    print_report(runs, summary, initial)
-    meta = {
-        "model": args.model,
-        "ranks": args.ranks,
-        "runs": args.runs,
-        "killed_rank": KILLED_RANK,
-        "supervisor_overrides": supervisor,
-        "health_poll_s": HEALTH_POLL_S,
-        "max_tokens": 2,
-        "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "ld_preload": os.environ.get("LD_PRELOAD", ""),
-    }
-    out.write_text(
-        json.dumps(
-            {
-                "meta": meta,
-                "initial_launch": initial,
-                "summary": summary,
-                "phases_median": phases(runs),
-                "targets": targets(runs),
-                "runs": [asdict(run) for run in runs],
-                "cleanup": {"killed_after_stop": killed, "left": left},
-            },
-            indent=2,
-        )
-    )
-    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

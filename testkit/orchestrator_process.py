@@ -46,15 +46,19 @@ def write_cluster(
 
 
 class Orchestrator:
-    """`orchestrator up` as a child in its own session; its output kept for assertions."""
+    """`orchestrator up` as a child in its own session; its output kept for assertions,
+    each line also with the time it arrived (benchmarks time milestones by them)."""
 
     def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.output: list[str] = []
+        self.lines: list[tuple[float, str]] = []  # (time.monotonic() on arrival, line)
+        self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", "up", str(config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             text=True,
             cwd=ROOT,
             env={**os.environ, **(env or {})},
@@ -67,6 +71,7 @@ class Orchestrator:
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
             self.output.append(line.rstrip("\n"))
 
     @property
