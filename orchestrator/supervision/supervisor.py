@@ -162,7 +162,6 @@ class Supervisor:
 
     async def run(self) -> RunResult:
         """Serve until a stop request; returns with every rank stopped."""
-        result: GangResult | None = None
         try:
             while not self._stop.is_set():
                 result = await self._launch_and_serve()
@@ -171,7 +170,7 @@ class Supervisor:
         finally:
             await self._stop_gang()
             self.machine.to(GangState.STOPPED, "stop requested")
-        return RunResult(self.restarts, result)
+        return RunResult(self.restarts, self.history[-1] if self.history else None)
 
     async def _launch_and_serve(self) -> GangResult | None:
         """Launch a gang and serve until it fails (its result, taken once it is stopped)
