@@ -1,0 +1,205 @@
+"""The gateway through Litestar's test client, against fake rank 0s (httpx.MockTransport)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+from litestar.testing import AsyncTestClient
+
+from orchestrator.gateway import app as gateway_app
+from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.status.model import ClusterStatus
+from orchestrator.supervision.snapshot import Upstream
+from orchestrator.supervision.state import GangState
+
+KEY = "k-123"
+BODY = {"model": "m", "prompt": "Hi", "max_tokens": 2}
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+class FakeView:
+    """The cluster as the gateway sees it; the test moves it between states and launches."""
+
+    def __init__(self) -> None:
+        self.state = GangState.READY
+        self.reason = ""
+        self.draining = False
+        self.launch = "l1"
+
+    def to(self, state: GangState, launch: str | None = None, reason: str = "") -> None:
+        self.state, self.reason = state, reason
+        self.launch = launch or self.launch
+
+    async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
+        # Polls: the test client runs the app in a thread of its own, so no asyncio.Event.
+        deadline = time.monotonic() + timeout_s
+        while self.state != GangState.READY or self.launch == not_launch:
+            if self.state == GangState.FAILED or time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.01)
+        return Upstream(f"http://rank0-{self.launch}", self.launch)
+
+
+class Chunks(httpx.AsyncByteStream):
+    """A response body arriving in chunks, as over a socket (cut: it breaks after them, as
+    when rank 0 dies mid-stream)."""
+
+    def __init__(self, *chunks: bytes, cut: bool = False) -> None:
+        self.chunks, self.cut = chunks, cut
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+        if self.cut:
+            raise httpx.ReadError("connection reset")
+
+
+def sse(*chunks: bytes, cut: bool = False) -> httpx.Response:
+    headers = {"content-type": "text/event-stream"}
+    return httpx.Response(200, headers=headers, stream=Chunks(*chunks, cut=cut))
+
+
+def status() -> ClusterStatus:
+    return ClusterStatus(cluster="c", state="ready", api_url="u", model="m", backend="ring",
+                         orchestrator_pid=1)
+
+
+@pytest.fixture
+def gateway(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """(view, handler for rank 0's requests, api key) -> test client and metrics."""
+    real_client = httpx.AsyncClient
+
+    def make(view: FakeView, handler: Handler, api_key: str | None = None) -> Any:
+        monkeypatch.setattr(
+            gateway_app.httpx,
+            "AsyncClient",
+            lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw),
+        )
+        metrics = OrchestratorMetrics()
+        app = gateway_app.create_app(
+            view, status, metrics, api_key=api_key, request_timeout_s=5.0
+        )
+        return AsyncTestClient(app=app), metrics
+
+    return make
+
+
+def ok(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json={"served_by": request.url.host})
+
+
+def retried(metrics: OrchestratorMetrics) -> float:
+    return metrics.registry.get_sample_value("orchestrator_requests_retried_total") or 0.0
+
+
+async def test_health_follows_the_state(gateway: Callable[..., Any]) -> None:
+    """/health is 200 when ready and 503 otherwise, with the state and reason."""
+    view = FakeView()
+    client, _ = gateway(view, ok)
+    async with client:
+        assert (await client.get("/health")).status_code == 200
+        view.to(GangState.RESTARTING, reason="rank_crashed: rank 1")
+        reply = await client.get("/health")
+        assert reply.status_code == 503
+        assert reply.json() == {"status": "restarting", "reason": "rank_crashed: rank 1"}
+
+
+async def test_api_key_guards_v1_and_status_not_health(gateway: Callable[..., Any]) -> None:
+    """Without the key /v1 and /status are 401 in OpenAI's shape; /health stays open."""
+    client, _ = gateway(FakeView(), ok, api_key=KEY)
+    async with client:
+        for path in ("/v1/models", "/status"):
+            reply = await client.get(path)
+            assert reply.status_code == 401
+            assert reply.json()["error"]["code"] == "invalid_api_key"
+        assert (await client.get("/health")).status_code == 200
+        authorised = await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+        assert authorised.json() == {"served_by": "rank0-l1"}
+
+
+async def test_a_request_held_during_a_restart_goes_to_the_next_gang(
+    gateway: Callable[..., Any],
+) -> None:
+    """While restarting the request waits; once a gang is ready it is forwarded there."""
+    view = FakeView()
+    view.to(GangState.RESTARTING)
+    client, _ = gateway(view, ok)
+    # The test client blocks this loop while a request runs: the gang gets ready meanwhile.
+    threading.Timer(0.3, view.to, (GangState.READY, "l2")).start()
+    async with client:
+        started = time.monotonic()
+        reply = await client.post("/v1/completions", json=BODY)
+    assert time.monotonic() - started >= 0.3
+    assert reply.status_code == 200 and reply.json() == {"served_by": "rank0-l2"}
+
+
+@pytest.mark.parametrize("failure", ["503 stopping", "engine_error event"])
+async def test_a_request_the_dying_gang_could_not_start_is_resent(
+    gateway: Callable[..., Any], failure: str
+) -> None:
+    """Rank 0 answers 503 (stopping) or opens the stream with an engine_error event: the
+    gateway resends to the next launch and the client only sees that one's answer."""
+    view = FakeView()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "rank0-l1":
+            view.to(GangState.READY, launch="l2")
+            if failure == "503 stopping":
+                return httpx.Response(503, json={"error": {"message": "stopping"}})
+            event = b'data: {"error": {"message": "x", "type": "api_error",'
+            event += b' "code": "engine_error"}}\n\n'
+            return sse(event, b"data: [DONE]\n\n")
+        return sse(b'data: {"ok": 2}\n\n', b"data: [DONE]\n\n")
+
+    client, metrics = gateway(view, handler)
+    async with client:
+        reply = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert reply.text == 'data: {"ok": 2}\n\ndata: [DONE]\n\n'
+    assert retried(metrics) == 1
+
+
+async def test_a_stream_cut_after_its_first_token_ends_with_an_error_event(
+    gateway: Callable[..., Any],
+) -> None:
+    """Rank 0 dies mid-stream: the client gets what was sent, an error event, then DONE."""
+    first = b'data: {"choices": [{"text": "Hel"}]}\n\n'
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return sse(first, cut=True)
+
+    client, metrics = gateway(FakeView(), handler)
+    async with client:
+        reply = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert reply.content.startswith(first)
+    assert '"code":"stream_interrupted"' in reply.text and reply.text.endswith("data: [DONE]\n\n")
+    failed = metrics.registry.get_sample_value(
+        "orchestrator_requests_failed_total", {"reason": "stream_cut"}
+    )
+    assert failed == 1
+
+
+async def test_a_failed_cluster_answers_503_with_retry_after(gateway: Callable[..., Any]) -> None:
+    """Budget spent: 503, code cluster_failed, the reason, Retry-After 60."""
+    view = FakeView()
+    view.to(GangState.FAILED, reason="more than 5 restarts within 600 s")
+    client, _ = gateway(view, ok)
+    async with client:
+        reply = await client.post("/v1/completions", json=BODY)
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "60"
+    error = reply.json()["error"]
+    assert error["code"] == "cluster_failed" and "more than 5 restarts" in error["message"]
+
+
+async def test_an_unknown_route_is_404_in_openai_shape(gateway: Callable[..., Any]) -> None:
+    """Litestar's own errors come back as OpenAI error objects."""
+    client, _ = gateway(FakeView(), ok)
+    async with client:
+        reply = await client.get("/nope")
+    assert reply.status_code == 404
+    assert reply.json()["error"]["type"] == "invalid_request_error"

@@ -1,0 +1,208 @@
+"""Rank 0's engine over a fake batch: admission, continuous batching, cancel, stop strings,
+limits and shutdown, with no model and no MLX."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from serving.engine.batch import TokenEvent
+from serving.engine.engine import Engine, EngineStopping, QueueFull
+from serving.engine.requests import EventSink, Failed, Finished, GenerationRequest, TextDelta
+from serving.engine.step_plan import Insert, SamplingParams
+from serving.faults import FaultPlan
+from serving.metrics import ServingMetrics
+
+
+class FakeBatch:
+    """Every sequence emits token 1, 2, 3 ... one per step, until its max_tokens."""
+
+    def __init__(self, step_s: float = 0.0) -> None:
+        self.step_s = step_s
+        self.cached_tokens = 0
+        self.applied: list[tuple[list[str], list[int]]] = []  # (inserted request ids, removes)
+        self._next_uid = 0
+        self._live: dict[int, list[int]] = {}  # uid -> [tokens so far, max_tokens]
+
+    def fingerprint(self, perturb: bool = False) -> int:
+        return hash(tuple(self._live))
+
+    def apply(self, inserts: list[Insert], removes: list[int]) -> list[int]:
+        self.applied.append(([i.request_id for i in inserts], list(removes)))
+        for uid in removes:
+            self._live.pop(uid, None)
+        uids = []
+        for insert in inserts:
+            uids.append(self._next_uid)
+            self._live[self._next_uid] = [0, insert.params.max_tokens]
+            self._next_uid += 1
+        return uids
+
+    def step(self) -> list[TokenEvent]:
+        time.sleep(self.step_s)
+        events = []
+        for uid, state in list(self._live.items()):
+            state[0] += 1
+            done = state[0] >= state[1]
+            events.append(TokenEvent(uid, state[0], "length" if done else None))
+            if done:
+                del self._live[uid]
+        return events
+
+
+class Detokenizer:
+    def __init__(self) -> None:
+        self.last_segment = ""
+
+    def add_token(self, token: int) -> None:
+        self.last_segment = f"<{token}>"
+
+    def finalize(self) -> None:
+        self.last_segment = ""
+
+
+class Tokenizer:
+    @property
+    def detokenizer(self) -> Detokenizer:
+        return Detokenizer()
+
+
+class Running:
+    def __init__(self, batch: FakeBatch, **limits: int) -> None:
+        self.batch = batch
+        self.engine = Engine(
+            batch,  # type: ignore[arg-type]
+            None,
+            Tokenizer(),
+            max_batch_size=limits.get("max_batch_size", 8),
+            queue_limit=limits.get("queue_limit", 64),
+            keepalive_s=0.02,
+            faults=FaultPlan([], 0),
+            metrics=ServingMetrics(),
+        )
+        self.thread = threading.Thread(target=self.engine.run, daemon=True)
+
+    def submit(self, rid: str, max_tokens: int, stop: list[str] | None = None,
+               timeout_s: float = 60.0) -> EventSink:
+        sink = EventSink(asyncio.get_running_loop())
+        params = SamplingParams(0.0, 1.0, 0, max_tokens, 7)
+        deadline = time.monotonic() + timeout_s
+        request = GenerationRequest(rid, [5, 6, 7], params, stop or [], sink, deadline)
+        self.engine.submit(request)
+        return sink
+
+
+@pytest.fixture
+def engine() -> Iterator[list[Running]]:
+    started: list[Running] = []
+    yield started
+    for running in started:
+        running.engine.begin_stop(0)
+        running.thread.join(5)
+
+
+def start(started: list[Running], step_s: float = 0.0, **limits: int) -> Running:
+    running = Running(FakeBatch(step_s), **limits)
+    running.thread.start()
+    started.append(running)
+    return running
+
+
+async def events(sink: EventSink) -> AsyncIterator[TextDelta | Finished | Failed]:
+    while True:
+        event = await asyncio.wait_for(sink.queue.get(), 5)
+        yield event
+        if not isinstance(event, TextDelta):
+            return
+
+
+async def collect(sink: EventSink) -> tuple[str, Finished | Failed]:
+    text = []
+    async for event in events(sink):
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        else:
+            return "".join(text), event
+    raise AssertionError("no end event")
+
+
+async def test_tokens_come_back_as_text_then_finished(engine: list[Running]) -> None:
+    """A request gets one text delta per token, then Finished with its reason and counts."""
+    running = start(engine)
+    text, end = await collect(running.submit("r1", max_tokens=3))
+    assert text == "<1><2><3>"
+    assert end == Finished("length", 3, 3)
+
+
+async def test_a_full_batch_admits_the_next_request_when_a_slot_frees(
+    engine: list[Running],
+) -> None:
+    """max_batch_size 2: the third request waits, and joins once one of the first ends."""
+    running = start(engine, step_s=0.002, max_batch_size=2)
+    sinks = [running.submit("short", 2), running.submit("long", 6), running.submit("late", 2)]
+    results = [await collect(sink) for sink in sinks]
+    assert [end.finish_reason for _, end in results] == ["length"] * 3  # type: ignore[union-attr]
+    inserted = [ids for ids, _ in running.batch.applied if ids]
+    assert inserted[0] == ["short", "long"] and ["late"] in inserted[1:]
+    assert max(len(ids) for ids in inserted) <= 2
+
+
+async def test_a_cancelled_request_leaves_the_batch(engine: list[Running]) -> None:
+    """cancel() removes the request's sequence from the batch within two steps."""
+    running = start(engine, step_s=0.01)
+    sink = running.submit("gone", max_tokens=10_000)
+    await sink.queue.get()  # it runs
+    steps_before = len(running.batch.applied)
+    running.engine.cancel("gone")
+    for _ in range(200):
+        if any(removes == [0] for _, removes in running.batch.applied):
+            break
+        await asyncio.sleep(0.01)
+    assert any(removes == [0] for _, removes in running.batch.applied)
+    assert len(running.batch.applied) - steps_before <= 2
+
+
+async def test_a_stop_string_ends_the_request_before_it(engine: list[Running]) -> None:
+    """The text stops before the first stop string; finish_reason is stop."""
+    running = start(engine)
+    text, end = await collect(running.submit("s", max_tokens=10, stop=["<3>"]))
+    assert text == "<1><2>"
+    assert isinstance(end, Finished) and end.finish_reason == "stop"
+
+
+async def test_a_full_queue_refuses_with_queue_full(engine: list[Running]) -> None:
+    """Past queue_limit waiting requests, submit raises QueueFull (the API's 429)."""
+    running = start(engine, step_s=0.05, max_batch_size=1, queue_limit=1)
+    running.submit("a", 10_000)
+    for _ in range(100):  # until "a" runs and the queue is empty again
+        if running.engine.pending == 1 and running.batch.applied:
+            break
+        await asyncio.sleep(0.01)
+    running.submit("b", 2)
+    with pytest.raises(QueueFull):
+        running.submit("c", 2)
+
+
+async def test_stopping_refuses_new_requests_and_ends_running_ones(
+    engine: list[Running],
+) -> None:
+    """After begin_stop, submit raises EngineStopping; a running request fails with shutdown."""
+    running = start(engine, step_s=0.01)
+    sink = running.submit("busy", 10_000)
+    await sink.queue.get()
+    running.engine.begin_stop(0)
+    _, end = await collect(sink)
+    assert isinstance(end, Failed) and end.code == "shutdown"
+    with pytest.raises(EngineStopping):
+        running.submit("late", 2)
+
+
+async def test_a_request_past_its_deadline_times_out(engine: list[Running]) -> None:
+    """A request still running at its deadline ends with a timeout failure."""
+    running = start(engine, step_s=0.01)
+    _, end = await collect(running.submit("slow", 10_000, timeout_s=0.1))
+    assert isinstance(end, Failed) and end.code == "timeout"
