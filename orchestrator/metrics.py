@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
+from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.state import GangState
 
+FAILED_REQUEST_REASONS = ("unavailable", "stream_cut")  # the gateway's labels
 _DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
@@ -70,6 +72,15 @@ class OrchestratorMetrics:
             registry=r,
         )
         self.state.state(GangState.PENDING.value)
+        self._zero_known_labels()
+
+    def _zero_known_labels(self) -> None:
+        """Every known label value from the start, so increase() and rate() see a 0, not
+        no series, until the first event."""
+        for cause in Cause:
+            self.restarts.labels(cause=cause.value)
+        for reason in FAILED_REQUEST_REASONS:
+            self.requests_failed.labels(reason=reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,19 +19,58 @@ from orchestrator.config.issues import ConfigErrors, ConfigIssue
 from orchestrator.config.rules import semantic_issues
 from orchestrator.config.spec import ClusterSpec
 
+# A real cluster.toml is a few KiB; a cap keeps a wrong path from being read whole.
+MAX_FILE_BYTES = 1 << 20
+
 
 def check_cluster_file(file: Path) -> tuple[ClusterSpec, list[ConfigIssue]]:
     """Parse, convert and check a cluster.toml; returns the spec and its warnings."""
+    return check_cluster_data(_parse(file), file)
+
+
+def _parse(file: Path) -> dict[str, Any]:
+    """The file's TOML, or ConfigErrors saying why it is not a readable cluster.toml."""
     try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
+        with file.open("rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
-        issue = ConfigIssue("", "file not found", "pass the path of an existing cluster.toml")
-        raise ConfigErrors(file, [issue]) from None
+        raise _file_error(
+            file, "file not found", "pass the path of an existing cluster.toml"
+        ) from None
+    except OSError as exc:
+        raise _file_error(
+            file, f"cannot read it: {exc.strerror}", "check the path and its mode"
+        ) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise _file_error(
+            file,
+            f"is larger than {MAX_FILE_BYTES // 1024} KiB, far more than any cluster needs",
+            "pass the cluster.toml, not another file",
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise _file_error(
+            file,
+            f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})",
+            "save the file as UTF-8",
+        ) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message already ends with "(at line L, column C)".
-        issue = ConfigIssue("", f"TOML syntax error: {exc}", "fix the syntax at that line")
-        raise ConfigErrors(file, [issue]) from None
-    return check_cluster_data(data, file)
+        raise _file_error(
+            file, f"TOML syntax error: {exc}", "fix the syntax at that line"
+        ) from None
+    except RecursionError:
+        raise _file_error(
+            file, "arrays or tables are nested too deeply to read", "flatten the nesting"
+        ) from None
+
+
+def _file_error(file: Path, message: str, fix: str) -> ConfigErrors:
+    return ConfigErrors(file, [ConfigIssue("", message, fix)])
 
 
 def check_cluster_data(data: dict[str, Any], file: Path) -> tuple[ClusterSpec, list[ConfigIssue]]:

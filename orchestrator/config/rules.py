@@ -6,6 +6,7 @@ import ipaddress
 import re
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 from contract import rank_env
 from contract.bundled_models import BUNDLED_MODELS, BUNDLED_PREFIX, known_bundled_specs
@@ -15,6 +16,11 @@ from orchestrator.config.links import link_issues, rank_addresses
 from orchestrator.config.spec import ClusterSpec
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_NAME = re.compile(rf"^{LABEL}(\.{LABEL})*\.?$")  # RFC 1123
+# Linux refuses an exec whose environment string is over 128 KiB (E2BIG), macOS a total of
+# 1 MiB with the arguments: well below both, so every spawn of a valid config can succeed.
+MAX_ENV_BYTES = 64 * 1024
 # Home routers hand out these subnets; a Thunderbolt link there routes traffic the wrong way.
 ROUTER_SUBNETS = (ipaddress.ip_network("192.168.0.0/24"), ipaddress.ip_network("192.168.1.0/24"))
 
@@ -61,6 +67,12 @@ def _transports(spec: ClusterSpec) -> Iterator[ConfigIssue]:
             )
         if node.transport == "ssh" and node.ssh and node.ssh.startswith("-"):
             yield ConfigIssue(f"{path}.ssh", f"{node.ssh!r} starts with '-'", "give a host name")
+        if node.identity_file and not Path(node.identity_file).expanduser().is_file():
+            yield ConfigIssue(
+                f"{path}.identity_file",
+                f"{node.identity_file} does not exist (or is not a file) on this machine",
+                "give the path of the private key that logs in to the node",
+            )
         if node.transport == "local" and node.ssh:
             yield ConfigIssue(
                 f"{path}.ssh",
@@ -191,6 +203,14 @@ def _rdma_example(index: int, size: int) -> str:
 
 def _env(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     for index, node in enumerate(spec.nodes):
+        size = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in node.env.items())
+        if size > MAX_ENV_BYTES:
+            yield ConfigIssue(
+                f"nodes[{index}].env",
+                f"holds {size // 1024} KiB; a process's environment must stay small "
+                f"(at most {MAX_ENV_BYTES // 1024} KiB here) or the rank cannot start",
+                "pass large settings in a file the rank reads, not in the environment",
+            )
         for key in node.env:
             path = f"nodes[{index}].env.{key}"
             if not ENV_NAME.match(key):
@@ -212,13 +232,35 @@ def _env(spec: ClusterSpec) -> Iterator[ConfigIssue]:
 
 
 def _api(spec: ClusterSpec) -> Iterator[ConfigIssue]:
-    name = spec.api.api_key_env
+    name, host = spec.api.api_key_env, spec.api.host
     if name is not None and not ENV_NAME.match(name):
         yield ConfigIssue(
             "api.api_key_env",
             f"{name!r} is not a valid environment variable name",
             'name the variable, e.g. api_key_env = "ORCHESTRATOR_API_KEY"; never the key',
         )
+    if not _is_host(host):
+        yield ConfigIssue(
+            "api.host",
+            f"{host!r} is neither an IP address nor a host name",
+            'use an address of this machine, e.g. "127.0.0.1", or "0.0.0.0" for all',
+        )
+    elif host in ("0.0.0.0", "::") and name is None:
+        yield ConfigIssue(
+            "api.host",
+            f"{host} serves the API to the whole network with no API key",
+            'set api_key_env = "ORCHESTRATOR_API_KEY" (and that variable), or serve on '
+            "127.0.0.1",
+            "warning",
+        )
+
+
+def _is_host(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return bool(HOST_NAME.match(value)) and len(value) <= 253
 
 
 def _model(spec: ClusterSpec) -> Iterator[ConfigIssue]:

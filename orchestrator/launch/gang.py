@@ -39,6 +39,9 @@ class SpawnFailure:
     rank: int
     node: str
     message: str
+    # The agent refused (no such interpreter, permission, E2BIG, bad cwd): no restart can
+    # fix it. Otherwise the node could not be reached, which may pass.
+    permanent: bool = False
 
 
 class Gang:
@@ -96,8 +99,10 @@ class Gang:
     async def _spawn(self, launch: RankLaunch) -> SpawnFailure | None:
         try:
             reply = await self.pool.agent(launch.node).spawn(self._request(launch))
-        except (TransportError, AgentRequestError) as exc:
-            return SpawnFailure(launch.rank, launch.node, str(exc))
+        except AgentRequestError as exc:
+            return SpawnFailure(launch.rank, launch.node, exc.message, permanent=True)
+        except TransportError as exc:
+            return SpawnFailure(launch.rank, launch.node, exc.message)
         process = self.ranks[launch.rank]
         process.pid, process.started_at = reply.pid, time.time()
         log.info(

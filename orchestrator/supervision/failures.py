@@ -24,6 +24,7 @@ class Cause(StrEnum):
     HANG = "hang"
     AGENT_LOST = "agent_lost"
     LINK_DOWN = "link_down"  # a link between ranks stopped answering the agents' probes
+    SPAWN_FAILED = "spawn_failed"  # the node refused to start a rank: a restart cannot help
 
 
 # JACCL reports ibv_* failures with errno 16 when the RDMA resources of a previous job are

@@ -229,8 +229,13 @@ class Supervisor:
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(1 if gang.ranks[rank].running else 0)
         return [
-            RankFailure(Cause.RANK_CRASHED, f.node, f.rank, f"spawn failed: {f.message}",
-                        self._clock())
+            RankFailure(
+                Cause.SPAWN_FAILED if f.permanent else Cause.AGENT_LOST,
+                f.node,
+                f.rank,
+                f"cannot start the rank: {f.message}",
+                self._clock(),
+            )
             for f in spawn_failures
         ]
 
@@ -303,8 +308,22 @@ class Supervisor:
         self.history.append(result)
         failure = result.root
         self.machine.to(GangState.RESTARTING, failure.summary())
+        if failure.cause == Cause.SPAWN_FAILED:
+            return await self._wait_while_failed(
+                f"{failure.summary()}; no restart can fix that: fix the node or cluster.toml, "
+                "then `orchestrator restart`"
+            )
         if self.policy.budget_exhausted():
-            return await self._wait_while_failed(failure)
+            window = self.spec.supervisor.restart_window_s
+            hint = (
+                " (EBUSY that persists usually needs a reboot of the nodes)"
+                if failure.cause == Cause.EBUSY
+                else ""
+            )
+            return await self._wait_while_failed(
+                f"more than {self.spec.supervisor.max_restarts} restarts "
+                f"within {window:g} s; last: {failure.summary()}{hint}"
+            )
         delay = self.policy.next_delay(failure.cause)
         self.restarts += 1
         self.metrics.restarts.labels(cause=failure.cause.value).inc()
@@ -316,18 +335,9 @@ class Supervisor:
                  delay, self.restarts, failure.cause, wait)
         return not await self._stop_within(self._sleep(wait))
 
-    async def _wait_while_failed(self, failure: RankFailure) -> bool:
-        window = self.spec.supervisor.restart_window_s
-        hint = (
-            " (EBUSY that persists usually needs a reboot of the nodes)"
-            if failure.cause == Cause.EBUSY
-            else ""
-        )
-        self.machine.to(
-            GangState.FAILED,
-            f"more than {self.spec.supervisor.max_restarts} restarts "
-            f"within {window:g} s; last: {failure.summary()}{hint}",
-        )
+    async def _wait_while_failed(self, reason: str) -> bool:
+        """Failed until `orchestrator restart` (True) or a stop request (False)."""
+        self.machine.to(GangState.FAILED, reason)
         self._restart.clear()
         return not await self._stop_within(self._restart.wait())
 

@@ -190,6 +190,19 @@ BROKEN = [
         "api.port",
         "used by rank 0 (a) and the gateway",
     ),
+    ("api host with shell", LOCAL_NODE + "[api]\nhost = 'a host;$(id)'\n", "api.host", "neither"),
+    (
+        "missing identity file",
+        '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "me@b"\nidentity_file = "/nope/id"\n',
+        "nodes[0].identity_file",
+        "/nope/id does not exist",
+    ),
+    (
+        "environment too large",
+        LOCAL_NODE + "[nodes.env]\nBIG = '" + "x" * 70_000 + "'\n",
+        "nodes[0].env",
+        "holds 68 KiB",
+    ),
     ("ipv6 ring address", TWO_RING_NODES.replace('"127.0.0.1"', '"::1"'), "nodes[0].ip", "IPv6"),
     (
         "link to an unknown node",
@@ -345,3 +358,31 @@ def test_ring_links_give_each_rank_its_address_towards_the_previous_node(tmp_pat
         (0, 1, "10.0.1.2", "links[0].ips[1]"),
         (1, 2, "10.0.2.2", "links[1].ips[1]"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'[[nodes]]\nname = "caf\xe9"\n', "is not UTF-8 text (byte 0xe9 on line 2)"),
+        (b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+        (b"# " + b"x" * (1 << 20) + b"\n", "is larger than 1024 KiB"),
+    ],
+    ids=["not utf-8", "too deep", "too large"],
+)
+def test_unreadable_files_are_one_clear_error(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    """Bytes that are not a cluster.toml: exit 2 naming the file and why, no traceback."""
+    path = tmp_path / "cluster.toml"
+    path.write_bytes(content)
+    result = run_cli("validate", str(path))
+    assert result.returncode == 2
+    assert f"{path}: {message}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_all_interfaces_without_a_key_warns(tmp_path: Path) -> None:
+    """api.host 0.0.0.0 with no API key is allowed, with a warning naming the fix."""
+    config = write(tmp_path, LOCAL_NODE + "[api]\nhost = '0.0.0.0'\n")
+    _spec, warnings = check_cluster_file(config)
+    assert [(w.path, w.severity) for w in warnings] == [("api.host", "warning")]
+    assert "api_key_env" in warnings[0].fix

@@ -124,6 +124,22 @@ async def test_ip_not_owned(bundled_fingerprint: NodeFingerprint) -> None:
     assert "does not own 192.0.2.77" in failures[0].found and "127.0.0.1" in failures[0].found
 
 
+async def test_link_address_not_owned_names_its_field(
+    bundled_fingerprint: NodeFingerprint,
+) -> None:
+    """With [[links]], each node must own its address on each cable; the field is named."""
+    links = [
+        {"between": ["n0", "n1"], "ips": ["127.0.0.1", "127.0.0.1"]},
+        {"between": ["n1", "n2"], "ips": ["127.0.0.1", "192.0.2.9"]},
+        {"between": ["n2", "n0"], "ips": ["127.0.0.1", "127.0.0.1"]},
+    ]
+    spec = cluster("bundled:smollm2-135m-instruct", 3, links=links)  # type: ignore[arg-type]
+    failures = run_preflight(spec, prints_for(spec, bundled_fingerprint))
+    address = [f for f in failures if f.check == "address"]
+    assert [(f.node, "links[1].ips[1]" in f.found) for f in address] == [("n2", True)]
+    assert "does not own 192.0.2.9" in address[0].found
+
+
 async def test_jaccl_refused_on_linux(bundled_fingerprint: NodeFingerprint) -> None:
     """jaccl on a Linux node is refused with the reason."""
     data = {

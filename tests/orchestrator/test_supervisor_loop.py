@@ -41,7 +41,8 @@ class FakeGang(Gang):
         failed = []
         for rank in self.ranks.values():
             if rank.rank == self.fail_spawn:
-                failed.append(SpawnFailure(rank.rank, rank.node, "cannot start 'python3'"))
+                message = "cannot start 'python3': [Errno 2] No such file or directory"
+                failed.append(SpawnFailure(rank.rank, rank.node, message, permanent=True))
             else:
                 rank.pid, rank.started_at = 1000 + rank.rank, time.time()
         return failed
@@ -273,14 +274,18 @@ async def test_the_root_cause_is_the_crash_not_its_peer_lost_echo(harness) -> No
     assert h.restarts(Cause.PEER_LOST) == 0
 
 
-async def test_a_rank_that_cannot_start_is_named(harness) -> None:
-    """A spawn failure is a failure of that rank on its node, with the agent's reason."""
+async def test_a_rank_the_node_refuses_to_start_fails_the_cluster_at_once(harness) -> None:
+    """The agent refuses a spawn (missing interpreter): failed at once, naming the rank, its
+    node and the reason, without spending the restart budget; restart tries again."""
     h = harness()
     h.fail_spawn = [1]
+    await h.until(lambda: h.supervisor.state == GangState.FAILED, "failed")
+    reason = h.supervisor.reason
+    assert reason.startswith("spawn_failed: rank 1 on b: cannot start the rank: cannot start")
+    assert "No such file or directory" in reason and "orchestrator restart" in reason
+    assert h.supervisor.restarts == 0 and len(h.gangs) == 1
+    h.supervisor.request_restart()
     await h.ready_gang(2)
-    failure = h.supervisor.snapshot().last_failure
-    assert failure is not None and (failure.node, failure.rank) == ("b", 1)
-    assert "spawn failed: cannot start 'python3'" in failure.detail
 
 
 async def test_relaunch_waits_for_dead_links(harness) -> None:
