@@ -72,6 +72,7 @@ def _transports(spec: ClusterSpec) -> Iterator[ConfigIssue]:
                 f"{path}.identity_file",
                 f"{node.identity_file} does not exist (or is not a file) on this machine",
                 "give the path of the private key that logs in to the node",
+                "warning",  # `up` refuses it when it connects; other machines may have it
             )
         if node.transport == "local" and node.ssh:
             yield ConfigIssue(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import httpx
 from litestar import HttpMethod, Litestar, Request, Response, get, route
@@ -17,18 +20,20 @@ from litestar.response import Stream
 
 from orchestrator.gateway.errors import (
     ApiError,
+    ClientGone,
     api_error_handler,
     http_exception_handler,
     unauthorized,
+    unexpected_error_handler,
 )
-from orchestrator.gateway.proxy import Proxy
+from orchestrator.gateway.proxy import Proxy, ProxyResult
 from orchestrator.gateway.view import ClusterView
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.status.model import ClusterStatus
 from orchestrator.supervision.state import GangState
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+PROMETHEUS_TEXT = "text/plain; version=0.0.4"  # Litestar adds the charset
 
 
 @dataclass
@@ -68,18 +73,63 @@ def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
 async def proxy_v1(request: Request, path: str, state: State) -> Response | Stream:
     proxy = _gateway(state).proxy
     assert proxy is not None, "the lifespan opens the proxy"
-    result = await proxy.forward(
-        request.method,
-        f"/v1{path}",
-        request.url.query or "",
-        dict(request.headers),
-        await request.body(),
-    )
+    if not _plain_path(path):
+        raise ApiError(404, f"no such route: /v1{path}", type="invalid_request_error",
+                       code="not_found")
+    body = await request.body()
+    headers = dict(request.headers)
+    _check_utf8(body, headers)
+    forward = proxy.forward(request.method, f"/v1{path}", request.url.query or "", headers, body)
+    result = await _unless_client_leaves(request, forward)
     if result.rest is None:
         return Response(result.first_chunk, status_code=result.status, headers=result.headers)
     return Stream(
         _chain(result.first_chunk, result.rest), status_code=result.status, headers=result.headers
     )
+
+
+def _check_utf8(body: bytes, headers: dict[str, str]) -> None:
+    """Bytes that are not UTF-8 are the client's mistake: a 400 naming where, not a 500."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not UTF-8: {exc.reason} at byte {exc.start}",
+                       type="invalid_request_error", code="invalid_encoding") from None
+    for name, value in headers.items():
+        try:  # ASGI hands header values over as latin-1
+            value.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            raise ApiError(400, f"the value of header {name!r} is not UTF-8",
+                           type="invalid_request_error", code="invalid_encoding") from None
+
+
+def _plain_path(path: str) -> bool:
+    """Only /v1/... of rank 0 is reachable: no dot segments (decoded or not), no backslash."""
+    segments = unquote(path).split("/")
+    return "\\" not in path and not any(s in (".", "..") for s in segments)
+
+
+async def _unless_client_leaves(request: Request, forward: Awaitable[ProxyResult]) -> ProxyResult:
+    """The proxied answer; a client that disconnects first cancels it, which closes the
+    connection to rank 0 (rank 0 then frees the batch slot) or ends the wait for a gang."""
+    answer = asyncio.ensure_future(forward)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (answer, gone):
+            if not task.done():
+                task.cancel()
+    if not answer.done() or answer.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            await answer
+        raise ClientGone()
+    return answer.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -147,7 +197,11 @@ def create_app(
         route_handlers=[proxy_v1, health_endpoint, status_endpoint, metrics_endpoint],
         lifespan=[open_proxy],
         state=State({"gateway": gateway}),
-        exception_handlers={ApiError: api_error_handler, HTTPException: http_exception_handler},
+        exception_handlers={
+            ApiError: api_error_handler,
+            HTTPException: http_exception_handler,
+            Exception: unexpected_error_handler,
+        },
         openapi_config=None,
         logging_config=None,  # the service configures logging; Litestar must not replace it
     )

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from contract.openai_errors import ErrorBody, ErrorEnvelope
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -36,6 +40,10 @@ def unavailable(message: str, retry_after_s: int, code: str = "cluster_unavailab
     )
 
 
+class ClientGone(Exception):
+    """The client disconnected before its answer: nobody reads what we would send."""
+
+
 def api_error_handler(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return Response(ErrorEnvelope(exc.body), status_code=exc.status, headers=exc.headers)
@@ -47,3 +55,13 @@ def http_exception_handler(_: Request, exc: Exception) -> Response:
     kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
     body = ErrorBody(str(exc.detail), kind)
     return Response(ErrorEnvelope(body), status_code=exc.status_code, headers=exc.headers or {})
+
+
+def unexpected_error_handler(_: Request, exc: Exception) -> Response:
+    """A bug of ours still answers in OpenAI's shape (and is logged); a client that left
+    gets nothing worth logging."""
+    if isinstance(exc, ClientGone):
+        return Response(b"", status_code=499)
+    log.exception("unexpected error in the gateway", exc_info=exc)
+    body = ErrorBody("internal error in the gateway", "server_error")
+    return Response(ErrorEnvelope(body), status_code=500)

@@ -106,7 +106,12 @@ class Proxy:
         stream: bool,
     ) -> ProxyResult:
         url = f"{upstream.url}{path}" + (f"?{query}" if query else "")
-        forwarded = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+        # As bytes: ASGI decoded them as latin-1, and httpx would encode str values as ASCII.
+        forwarded = [
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in headers.items()
+            if k.lower() not in _HOP_HEADERS
+        ]
         request = self.client.build_request(method, url, content=body, headers=forwarded)
         try:
             response = await self.client.send(request, stream=True)

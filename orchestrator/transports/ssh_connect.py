@@ -142,6 +142,13 @@ def classify(node: NodeSpec, host: str, port: int, exc: BaseException) -> Transp
         return TransportError(
             node.name, ErrorKind.AUTH, f"{where} did not accept {how}: {exc.reason}"
         )
+    if isinstance(exc, FileNotFoundError) and node.identity_file:
+        return TransportError(
+            node.name,
+            ErrorKind.CONFIG,
+            f"identity_file {node.identity_file} does not exist on this machine: give the "
+            "path of the private key that logs in to the node",
+        )
     if isinstance(exc, asyncssh.KeyImportError | asyncssh.KeyEncryptionError):
         return TransportError(
             node.name, ErrorKind.AUTH, f"cannot use identity_file {node.identity_file}: {exc}"

@@ -1,6 +1,14 @@
-"""OpenAI request and response bodies as msgspec Structs (only the fields we serve)."""
+"""OpenAI request and response bodies as msgspec Structs.
+
+Request bodies refuse unknown fields (a typo or a feature this server lacks is a 400
+naming the field, never silently ignored). Fields OpenAI clients send with neutral values
+(`n: 1`, `presence_penalty: 0`, ...) are declared so those values pass; validation.py
+refuses the values this server does not honour yet.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -20,7 +28,7 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
 
 
-class SamplingFields(msgspec.Struct, kw_only=True):
+class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Fields chat and text completions share."""
 
     model: str | None = None
@@ -33,15 +41,34 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    # Metadata with no effect on the output: accepted and ignored.
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    # Not honoured yet: accepted only with their neutral values (validation.py).
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    min_p: float | None = None
+    response_format: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(SamplingFields, kw_only=True):
+class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
-class CompletionRequest(SamplingFields, kw_only=True):
+class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     prompt: str | list[str | int]  # text, [text] or token ids
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class Usage(msgspec.Struct):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import Controller, Response, get
 from litestar.datastructures import State
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 
 from serving.api.schemas import HealthBody, ModelCard, ModelList
 from serving.api.state import ServingState
@@ -37,4 +37,5 @@ class MetricsController(Controller):
     async def metrics(self, state: State) -> Response[bytes]:
         serving: ServingState = state.serving
         data = generate_latest(serving.metrics.registry)
-        return Response(data, media_type=CONTENT_TYPE_LATEST)
+        # Prometheus' text format; Litestar adds the charset (given twice, it doubles).
+        return Response(data, media_type="text/plain; version=0.0.4")

@@ -14,13 +14,42 @@ from serving.api.schemas import ChatCompletionRequest, ChatMessage, SamplingFiel
 T = TypeVar("T", bound=SamplingFields)
 ROLES = ("system", "user", "assistant", "developer", "tool")
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+# Fields clients send; honoured only with these (neutral) values for now.
+NEUTRAL: dict[str, tuple[object, ...]] = {
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "min_p": (None, 0, 0.0),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None, True, False),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+}
 
 
 def decode_body(raw: bytes, kind: type[T]) -> T:
     """Parse JSON into `kind`; malformed JSON and wrong types are 400s."""
     try:
         return msgspec.json.decode(raw, type=kind)
+    except UnicodeDecodeError as exc:  # msgspec decodes strings lazily, raising this
+        raise invalid(f"The body is not UTF-8: {exc.reason} at byte {exc.start}", None,
+                      "invalid_encoding") from exc
     except msgspec.ValidationError as exc:
+        if unknown := _UNKNOWN.search(str(exc)):
+            field = unknown.group(1)
+            raise invalid(
+                f"Unrecognized request argument supplied: {field} (this server does not "
+                "support it; see the honoured fields in docs/operations.md)",
+                field,
+                "unsupported_parameter",
+            ) from exc
         match = _PATH.search(str(exc))
         raise invalid(f"Invalid request: {exc}", match.group(1) if match else None) from exc
     except msgspec.DecodeError as exc:
@@ -37,6 +66,14 @@ def check_model(req: SamplingFields, served: str) -> None:
 def check_sampling(req: SamplingFields, max_tokens: int | None, limit: int) -> None:
     if req.n != 1:
         raise invalid("Only n=1 is supported", "n")
+    for field, neutral in NEUTRAL.items():
+        value = getattr(req, field, None)
+        if value not in neutral:
+            raise invalid(
+                f"{field}={value!r} is not supported by this server yet; leave it out",
+                field,
+                "unsupported_parameter",
+            )
     if max_tokens is not None and not 1 <= max_tokens <= limit:
         raise invalid(f"max_tokens must be between 1 and {limit}, got {max_tokens}", "max_tokens")
     if req.temperature is not None and not 0 <= req.temperature <= 2:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from orchestrator.config import ConfigErrors, ConfigIssue, check_cluster_file, load_cluster
 from orchestrator.config.links import hops
 from orchestrator.launch.plan import build_plan
+from orchestrator.transports import ErrorKind, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [ROOT / "cluster.toml.example", *sorted((ROOT / "docs" / "examples").glob("*.toml"))]
@@ -192,12 +194,6 @@ BROKEN = [
     ),
     ("api host with shell", LOCAL_NODE + "[api]\nhost = 'a host;$(id)'\n", "api.host", "neither"),
     (
-        "missing identity file",
-        '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "me@b"\nidentity_file = "/nope/id"\n',
-        "nodes[0].identity_file",
-        "/nope/id does not exist",
-    ),
-    (
         "environment too large",
         LOCAL_NODE + "[nodes.env]\nBIG = '" + "x" * 70_000 + "'\n",
         "nodes[0].env",
@@ -364,7 +360,7 @@ def test_ring_links_give_each_rank_its_address_towards_the_previous_node(tmp_pat
     ("content", "message"),
     [
         (b'[[nodes]]\nname = "caf\xe9"\n', "is not UTF-8 text (byte 0xe9 on line 2)"),
-        (b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+        (b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n", "arrays or tables are nested too deeply"),
         (b"# " + b"x" * (1 << 20) + b"\n", "is larger than 1024 KiB"),
     ],
     ids=["not utf-8", "too deep", "too large"],
@@ -386,3 +382,13 @@ def test_all_interfaces_without_a_key_warns(tmp_path: Path) -> None:
     _spec, warnings = check_cluster_file(config)
     assert [(w.path, w.severity) for w in warnings] == [("api.host", "warning")]
     assert "api_key_env" in warnings[0].fix
+
+
+def test_missing_identity_file_warns_here_and_is_named_at_connect(tmp_path: Path) -> None:
+    """validate warns (another machine may have the key); connecting names field and file."""
+    text = '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "me@127.0.0.1"\n'
+    spec, warnings = check_cluster_file(write(tmp_path, text + 'identity_file = "/nope/id"\n'))
+    assert [(w.path, w.severity) for w in warnings] == [("nodes[0].identity_file", "warning")]
+    with pytest.raises(TransportError) as caught:
+        asyncio.run(SshTransport(spec.nodes[0], connect_timeout=5).connect())
+    assert caught.value.kind == ErrorKind.CONFIG and "identity_file /nope/id" in str(caught.value)

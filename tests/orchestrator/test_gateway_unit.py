@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,7 +41,8 @@ class FakeView:
         # Polls: the test client runs the app in a thread of its own, so no asyncio.Event.
         deadline = time.monotonic() + timeout_s
         while self.state != GangState.READY or self.launch == not_launch:
-            if self.state == GangState.FAILED or time.monotonic() > deadline:
+            ended = self.state == GangState.FAILED or self.draining
+            if ended or time.monotonic() > deadline:
                 return None
             await asyncio.sleep(0.01)
         return Upstream(f"http://rank0-{self.launch}", self.launch)
@@ -66,8 +68,9 @@ def sse(*chunks: bytes, cut: bool = False) -> httpx.Response:
 
 
 def status() -> ClusterStatus:
-    return ClusterStatus(cluster="c", state="ready", api_url="u", model="m", backend="ring",
-                         orchestrator_pid=1)
+    return ClusterStatus(
+        cluster="c", state="ready", api_url="u", model="m", backend="ring", orchestrator_pid=1
+    )
 
 
 @pytest.fixture
@@ -82,9 +85,7 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
             lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw),
         )
         metrics = OrchestratorMetrics()
-        app = gateway_app.create_app(
-            view, status, metrics, api_key=api_key, request_timeout_s=5.0
-        )
+        app = gateway_app.create_app(view, status, metrics, api_key=api_key, request_timeout_s=5.0)
         return AsyncTestClient(app=app), metrics
 
     return make
@@ -119,8 +120,31 @@ async def test_api_key_guards_v1_and_status_not_health(gateway: Callable[..., An
             assert reply.status_code == 401
             assert reply.json()["error"]["code"] == "invalid_api_key"
         assert (await client.get("/health")).status_code == 200
+        wrong = await client.get("/v1/models", headers={"Authorization": "Bearer k-124"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "incorrect API key"
         authorised = await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
         assert authorised.json() == {"served_by": "rank0-l1"}
+
+
+async def test_rank_0_gets_the_request_as_sent_but_not_the_api_key(
+    gateway: Callable[..., Any],
+) -> None:
+    """Path, query, body and the client's headers reach rank 0; the gateway's key does not."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return ok(request)
+
+    client, _ = gateway(FakeView(), handler, api_key=KEY)
+    headers = {"Authorization": f"Bearer {KEY}", "X-Trace": "t1"}
+    async with client:
+        reply = await client.post("/v1/chat/completions?a=1", json=BODY, headers=headers)
+    assert reply.status_code == 200
+    [request] = seen
+    assert (request.url.path, request.url.query) == ("/v1/chat/completions", b"a=1")
+    assert json.loads(request.content) == BODY
+    assert request.headers["x-trace"] == "t1" and "authorization" not in request.headers
 
 
 async def test_a_request_held_during_a_restart_goes_to_the_next_gang(
@@ -164,6 +188,28 @@ async def test_a_request_the_dying_gang_could_not_start_is_resent(
     assert retried(metrics) == 1
 
 
+async def test_a_resend_waits_for_a_launch_other_than_the_one_that_failed(
+    gateway: Callable[..., Any],
+) -> None:
+    """Rank 0 of l1 answers 503 while the view still shows l1 ready (for 0.2 s): the gateway
+    does not resend to l1 but waits for the next launch."""
+    view = FakeView()
+    hosts: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        if request.url.host == "rank0-l1":
+            threading.Timer(0.2, view.to, (GangState.READY, "l2")).start()
+            return httpx.Response(503, json={"error": {"message": "stopping"}})
+        return ok(request)
+
+    client, metrics = gateway(view, handler)
+    async with client:
+        reply = await client.post("/v1/completions", json=BODY)
+    assert reply.json() == {"served_by": "rank0-l2"}
+    assert hosts == ["rank0-l1", "rank0-l2"] and retried(metrics) == 1
+
+
 async def test_a_stream_cut_after_its_first_token_ends_with_an_error_event(
     gateway: Callable[..., Any],
 ) -> None:
@@ -177,6 +223,7 @@ async def test_a_stream_cut_after_its_first_token_ends_with_an_error_event(
     async with client:
         reply = await client.post("/v1/completions", json={**BODY, "stream": True})
     assert reply.content.startswith(first)
+    assert reply.headers["content-type"].startswith("text/event-stream")
     assert '"code":"stream_interrupted"' in reply.text and reply.text.endswith("data: [DONE]\n\n")
     failed = metrics.registry.get_sample_value(
         "orchestrator_requests_failed_total", {"reason": "stream_cut"}
@@ -194,6 +241,24 @@ async def test_a_failed_cluster_answers_503_with_retry_after(gateway: Callable[.
     assert reply.status_code == 503 and reply.headers["retry-after"] == "60"
     error = reply.json()["error"]
     assert error["code"] == "cluster_failed" and "more than 5 restarts" in error["message"]
+
+
+async def test_a_request_during_shutdown_is_refused_at_once(gateway: Callable[..., Any]) -> None:
+    """Draining (the orchestrator is stopping): 503 shutting_down, Retry-After 5, no wait."""
+    view = FakeView()
+    view.to(GangState.RESTARTING)
+    view.draining = True
+    client, metrics = gateway(view, ok)
+    async with client:
+        started = time.monotonic()
+        reply = await client.post("/v1/completions", json=BODY)
+    assert time.monotonic() - started < 1.0
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "5"
+    assert reply.json()["error"]["code"] == "shutting_down"
+    failed = metrics.registry.get_sample_value(
+        "orchestrator_requests_failed_total", {"reason": "unavailable"}
+    )
+    assert failed == 1
 
 
 async def test_an_unknown_route_is_404_in_openai_shape(gateway: Callable[..., Any]) -> None:

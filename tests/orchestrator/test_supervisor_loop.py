@@ -30,11 +30,20 @@ from testkit.fake_clock import FakeClock
 
 
 class FakeGang(Gang):
-    """A launch whose ranks 'start' and 'stop' at once; exits come from the test."""
+    """A launch whose ranks 'start' and 'stop' at once; exits come from the test, and a
+    stop's exits reach the monitor as the agents report them."""
 
-    def __init__(self, spec: ClusterSpec, launch_id: str, fail_spawn: int | None) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        launch_id: str,
+        fail_spawn: int | None,
+        agent_event: Callable[[str, Exited], None],
+    ) -> None:
         super().__init__(build_plan(spec, launch_id), pool=None)  # type: ignore[arg-type]
         self.fail_spawn = fail_spawn
+        self.agent_event = agent_event
+        self.echo_on_stop: set[int] = set()  # ranks that exit peer_lost before their SIGTERM
         self.standby_started = False
 
     async def start(self) -> list[SpawnFailure]:
@@ -53,8 +62,12 @@ class FakeGang(Gang):
     async def stop(self, grace_s: float) -> None:
         for rank in self.ranks.values():
             if rank.running:
-                assert rank.pid is not None
-                self.note_exit(self.exit(rank.rank, signal="SIGTERM", stopped=True))
+                if rank.rank in self.echo_on_stop:
+                    exited = self.exit(rank.rank, returncode=RankExit.PEER_LOST)
+                else:
+                    exited = self.exit(rank.rank, signal="SIGTERM", stopped=True)
+                self.agent_event(rank.node, exited)  # the agent's Exited event
+                self.note_exit(exited)  # and the stop request's reply
 
     async def leftovers(self) -> list[str]:
         return []
@@ -108,8 +121,18 @@ class FakeLinks:
 
 class Harness:
     def __init__(self, tmp_path: Path, **supervisor: Any) -> None:
-        settings = {"backoff_initial_s": 2.0, "backoff_max_s": 60.0, "hang_timeout_s": 5.0,
-                    "ebusy_cooldown_s": 30.0, "standby_ranks": False, **supervisor}
+        # Fake time runs while a gang is ready (a watch every real_pause_s): a long reset
+        # and window keep a slow test machine from resetting the backoff or the budget.
+        settings = {
+            "backoff_initial_s": 2.0,
+            "backoff_max_s": 60.0,
+            "backoff_reset_after_s": 1e6,
+            "restart_window_s": 1e6,
+            "hang_timeout_s": 5.0,
+            "ebusy_cooldown_s": 30.0,
+            "standby_ranks": False,
+            **supervisor,
+        }
         data = {
             "cluster": {"state_dir": str(tmp_path)},
             "supervisor": settings,
@@ -123,6 +146,7 @@ class Harness:
         self.links = FakeLinks()
         self.monitor = GangMonitor(self.pool.nodes, self.metrics, self.clock)
         self.gangs: list[FakeGang] = []
+        self.launched_at: list[float] = []  # fake time of each launch
         self.fail_spawn: list[int | None] = []  # per launch, the rank that cannot start
         self.reasons: list[str] = []
         machine = StateMachine(self.clock)
@@ -130,14 +154,23 @@ class Harness:
         machine.to(GangState.CONNECTING)  # as the service leaves it after preflight
         machine.to(GangState.PREFLIGHT)
         self.supervisor = Supervisor(
-            self.spec, self.pool, self.metrics, machine, self.monitor, self.probe,
-            self._new_gang, links=self.links, clock=self.clock, sleep=self.clock.sleep,
+            self.spec,
+            self.pool,
+            self.metrics,
+            machine,
+            self.monitor,
+            self.probe,
+            self._new_gang,
+            links=self.links,
+            clock=self.clock,
+            sleep=self.clock.sleep,
         )
 
     def _new_gang(self) -> FakeGang:
         fail = self.fail_spawn.pop(0) if self.fail_spawn else None
-        gang = FakeGang(self.spec, f"L{len(self.gangs) + 1}", fail)
+        gang = FakeGang(self.spec, f"L{len(self.gangs) + 1}", fail, self.monitor.on_agent_event)
         self.gangs.append(gang)
+        self.launched_at.append(self.clock())
         return gang
 
     @property
@@ -168,6 +201,12 @@ class Harness:
     def backoff(self) -> float:
         """The delay the restart policy chose for the latest relaunch."""
         return sample(self.metrics, "orchestrator_restart_backoff_seconds")
+
+    def waited(self) -> float:
+        """Fake seconds from the latest gang failure to the launch that followed it."""
+        failure = self.supervisor.snapshot().last_failure
+        assert failure is not None
+        return self.launched_at[-1] - failure.at
 
 
 def sample(metrics: OrchestratorMetrics, name: str, **labels: str) -> float:
@@ -206,10 +245,11 @@ async def test_a_crash_stops_the_gang_and_relaunches_after_a_doubling_backoff(ha
     second = await h.ready_gang(2)
     assert all(rank.exited is not None for rank in first.ranks.values())
     assert second.launch_id != first.launch_id and all(r.running for r in second.ranks.values())
-    assert h.restarts(Cause.RANK_CRASHED) == 1 and h.backoff() == 2.0
+    assert h.restarts(Cause.RANK_CRASHED) == 1 and h.backoff() == 2.0 and h.waited() == 2.0
+    assert [f.rank for f in h.supervisor.snapshot().history[-1].failures] == [1]  # not the stops
     h.crash(2, signal="SIGKILL")
     await h.ready_gang(3)
-    assert h.backoff() == 4.0 and h.restarts(Cause.RANK_CRASHED) == 2
+    assert h.backoff() == 4.0 and h.waited() == 4.0 and h.restarts(Cause.RANK_CRASHED) == 2
     snapshot = h.supervisor.snapshot()
     assert snapshot.restarts == 2 and snapshot.launch_id == "L3"
     assert snapshot.last_failure is not None and snapshot.last_failure.rank == 2
@@ -229,6 +269,9 @@ async def test_a_crash_loop_fails_the_cluster_until_restart(harness) -> None:
     assert "more than 2 restarts" in h.supervisor.reason
     h.supervisor.request_restart()
     await h.ready_gang(4)
+    h.crash(1, returncode=1)  # the budget is fresh: this one relaunches
+    await h.ready_gang(5)
+    assert h.restarts(Cause.RANK_CRASHED) == 3
 
 
 async def test_no_progress_is_a_hang(harness) -> None:
@@ -258,7 +301,7 @@ async def test_ebusy_adds_its_cooldown_to_the_backoff(harness) -> None:
     await h.ready_gang(1)
     h.crash(0, returncode=RankExit.DISTRIBUTED_INIT_FAILED, stderr_tail=[EBUSY_LINE])
     await h.ready_gang(2)
-    assert h.backoff() == 2.0 + 30.0 and h.restarts(Cause.EBUSY) == 1
+    assert h.backoff() == 2.0 + 30.0 and h.waited() == 32.0 and h.restarts(Cause.EBUSY) == 1
 
 
 async def test_the_root_cause_is_the_crash_not_its_peer_lost_echo(harness) -> None:
@@ -272,6 +315,22 @@ async def test_the_root_cause_is_the_crash_not_its_peer_lost_echo(harness) -> No
     assert [f.cause for f in last.failures] == [Cause.PEER_LOST, Cause.RANK_CRASHED]
     assert (last.root.cause, last.root.rank) == (Cause.RANK_CRASHED, 1)
     assert h.restarts(Cause.PEER_LOST) == 0
+
+
+async def test_a_peer_lost_echo_while_the_gang_stops_is_kept_as_a_consequence(harness) -> None:
+    """A worker's peer_lost exit reported while the failed gang stops joins that gang's
+    result; the crash stays the root and only the crash counts as a restart cause."""
+    h = harness()
+    await h.ready_gang(1)
+    h.gang.echo_on_stop = {2}
+    h.crash(1, signal="SIGKILL")
+    await h.ready_gang(2)
+    last = h.supervisor.snapshot().history[-1]
+    assert [(f.cause, f.rank) for f in last.failures] == [
+        (Cause.RANK_CRASHED, 1),
+        (Cause.PEER_LOST, 2),
+    ]
+    assert last.root.rank == 1 and h.restarts(Cause.PEER_LOST) == 0
 
 
 async def test_a_rank_the_node_refuses_to_start_fails_the_cluster_at_once(harness) -> None:

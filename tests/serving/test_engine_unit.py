@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -86,8 +86,9 @@ class Running:
         )
         self.thread = threading.Thread(target=self.engine.run, daemon=True)
 
-    def submit(self, rid: str, max_tokens: int, stop: list[str] | None = None,
-               timeout_s: float = 60.0) -> EventSink:
+    def submit(
+        self, rid: str, max_tokens: int, stop: list[str] | None = None, timeout_s: float = 60.0
+    ) -> EventSink:
         sink = EventSink(asyncio.get_running_loop())
         params = SamplingParams(0.0, 1.0, 0, max_tokens, 7)
         deadline = time.monotonic() + timeout_s
@@ -105,9 +106,29 @@ def engine() -> Iterator[list[Running]]:
         running.thread.join(5)
 
 
-def start(started: list[Running], step_s: float = 0.0, **limits: int) -> Running:
+async def until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(300):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not {what}")
+
+
+def inserted(running: Running) -> list[list[str]]:
+    """The request ids of each apply() that inserted any, in order."""
+    return [ids for ids, _ in running.batch.applied if ids]
+
+
+def removed(running: Running) -> list[int]:
+    return [uid for _, removes in running.batch.applied for uid in removes]
+
+
+def start(started: list[Running], step_s: float = 0.0, run: bool = True, **limits: int) -> Running:
+    """A running engine; with run=False its thread is left to the test to start (requests
+    submitted before are all there at its first admission)."""
     running = Running(FakeBatch(step_s), **limits)
-    running.thread.start()
+    if run:
+        running.thread.start()
     started.append(running)
     return running
 
@@ -142,8 +163,9 @@ async def test_a_full_batch_admits_the_next_request_when_a_slot_frees(
     engine: list[Running],
 ) -> None:
     """max_batch_size 2: the third request waits, and joins once one of the first ends."""
-    running = start(engine, step_s=0.002, max_batch_size=2)
+    running = start(engine, step_s=0.002, run=False, max_batch_size=2)
     sinks = [running.submit("short", 2), running.submit("long", 6), running.submit("late", 2)]
+    running.thread.start()
     results = [await collect(sink) for sink in sinks]
     assert [end.finish_reason for _, end in results] == ["length"] * 3  # type: ignore[union-attr]
     inserted = [ids for ids, _ in running.batch.applied if ids]
@@ -167,11 +189,36 @@ async def test_a_cancelled_request_leaves_the_batch(engine: list[Running]) -> No
 
 
 async def test_a_stop_string_ends_the_request_before_it(engine: list[Running]) -> None:
-    """The text stops before the first stop string; finish_reason is stop."""
+    """The text stops before the first stop string; finish_reason is stop; the sequence
+    leaves the batch (it would otherwise run on to max_tokens)."""
     running = start(engine)
     text, end = await collect(running.submit("s", max_tokens=10, stop=["<3>"]))
     assert text == "<1><2>"
     assert isinstance(end, Finished) and end.finish_reason == "stop"
+    await until(lambda: 0 in removed(running), "removed from the batch")
+
+
+async def test_a_stop_string_across_tokens_is_never_partly_sent(engine: list[Running]) -> None:
+    """Text that could begin a stop string is held back: the client never sees a part of it."""
+    running = start(engine)
+    text, end = await collect(running.submit("s", max_tokens=10, stop=["2><3"]))
+    assert text == "<1><"
+    assert isinstance(end, Finished) and (end.finish_reason, end.completion_tokens) == ("stop", 3)
+
+
+async def test_a_cancelled_waiting_request_never_enters_the_batch(
+    engine: list[Running],
+) -> None:
+    """cancel() of a request still waiting drops it from the queue: the next one is served."""
+    running = start(engine, step_s=0.005, run=False, max_batch_size=1)
+    first = running.submit("a", 3)
+    running.submit("b", 3)
+    running.engine.cancel("b")
+    third = running.submit("c", 3)
+    running.thread.start()
+    assert (await collect(first))[1] == Finished("length", 3, 3)
+    assert (await collect(third))[1] == Finished("length", 3, 3)
+    assert inserted(running) == [["a"], ["c"]]
 
 
 async def test_a_full_queue_refuses_with_queue_full(engine: list[Running]) -> None:
@@ -201,8 +248,27 @@ async def test_stopping_refuses_new_requests_and_ends_running_ones(
         running.submit("late", 2)
 
 
+async def test_a_stop_with_grace_lets_running_requests_finish(engine: list[Running]) -> None:
+    """begin_stop(grace): a request that ends within the grace finishes normally."""
+    running = start(engine, step_s=0.01)
+    sink = running.submit("short", 5)
+    await sink.queue.get()
+    running.engine.begin_stop(10.0)
+    _, end = await collect(sink)
+    assert end == Finished("length", 3, 5)
+
+
 async def test_a_request_past_its_deadline_times_out(engine: list[Running]) -> None:
     """A request still running at its deadline ends with a timeout failure."""
     running = start(engine, step_s=0.01)
     _, end = await collect(running.submit("slow", 10_000, timeout_s=0.1))
     assert isinstance(end, Failed) and end.code == "timeout"
+
+
+async def test_a_request_that_waits_past_its_deadline_times_out(engine: list[Running]) -> None:
+    """A request still queued (the batch full) at its deadline fails with timeout, unserved."""
+    running = start(engine, step_s=0.01, max_batch_size=1)
+    running.submit("busy", 10_000)
+    _, end = await collect(running.submit("queued", 2, timeout_s=0.1))
+    assert end == Failed("request timed out while waiting", "timeout")
+    assert inserted(running) == [["busy"]]
