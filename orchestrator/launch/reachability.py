@@ -93,13 +93,6 @@ class LinkChecks:
     async def unwatch(self) -> None:
         await self._send_watch({self.node(hop.src): [] for hop in self.hops})
 
-    def hop_at(self, node: str, host: str, port: int) -> Hop | None:
-        """The hop a LinkState event from `node` is about."""
-        for hop in self.hops:
-            if self.node(hop.src) == node and (hop.address.ip, hop.port) == (host, port):
-                return hop
-        return None
-
     async def _send_watch(self, by_node: dict[str, list[LinkTarget]]) -> None:
         for name, targets in by_node.items():
             try:
