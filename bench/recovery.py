@@ -66,6 +66,8 @@ from bench.recovery_report import (  # noqa: E402
     value,
     write,
 )
+from contract.settings import ServingSettings  # noqa: E402
+from orchestrator.config.spec import SupervisorSection  # noqa: E402
 from testkit.orchestrator_process import (  # noqa: E402
     Orchestrator,
     alive,
@@ -96,13 +98,14 @@ def write_bench_cluster(
         "standby_ranks": standby,
     }
     nodes = [{"name": f"rank{i}", "transport": "local", "ip": "127.0.0.1"} for i in range(ranks)]
-    defaults = {"stop_grace_s": 10.0, "launch_timeout_s": 600.0}  # testkit shortens them
+    spec = SupervisorSection()  # testkit sets these for tests: back to cluster.toml's defaults
+    defaults = {"stop_grace_s": spec.stop_grace_s, "launch_timeout_s": spec.launch_timeout_s}
     path = write_cluster(
         tmp,
         model,
         nodes,
         cluster={"name": "recovery-bench", "backend": "ring"},
-        serving={"keepalive_s": 0.5},
+        serving={"keepalive_s": ServingSettings().keepalive_s},
         supervisor={**defaults, **supervisor},
     )
     return path, supervisor

@@ -89,7 +89,6 @@ def metric_deltas(run: Run, before: dict[str, float], after: dict[str, float]) -
             setattr(run, attr, delta(f"{hist}_sum"))
 
 
-
 # ── report ──
 
 ROWS = [  # (label, key in Run.t or a Run attribute); all in seconds
@@ -204,7 +203,6 @@ def print_report(runs: list[Run], summary: dict[str, Any], initial: dict[str, An
     )
     for name, verdict in targets(runs).items():
         print(f"target {name}: {verdict}")
-
 
 
 def write(
