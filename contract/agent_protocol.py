@@ -2,11 +2,12 @@
 
     orchestrator ──Request (id)──────▶ agent   Open, Fingerprint, Spawn, Stop, Ping, ListRanks,
                                                  CheckPorts, Reap, Listen, Unlisten, Connect,
-                                                 WatchLinks
+                                                 WatchLinks, WatchUsage
     orchestrator ◀──Reply (same id)─── agent   Ok, ErrorReply, FingerprintResult, Spawned,
                                                  Stopped, Pong, RankList, PortsResult, Reaped,
                                                  Reachable
-    orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited, LinkState
+    orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited, LinkState,
+                                                 NodeUsage
 
 Every message carries its kind in the `type` field (a msgspec tagged union).
 The agent writes `Hello` as soon as it starts; the orchestrator's first request
@@ -22,7 +23,7 @@ from typing import Literal
 import msgspec
 from msgspec import Struct
 
-from contract.fingerprint import NodeFingerprint
+from contract.fingerprint import MemoryInfo, NodeFingerprint
 
 PROTOCOL_VERSION = 3
 
@@ -154,6 +155,13 @@ class WatchLinks(Message, tag="watch_links", kw_only=True):
     down_after: int = 2
 
 
+class WatchUsage(Message, tag="watch_usage", kw_only=True):
+    """Push a NodeUsage event every interval_s from now on (0: stop)."""
+
+    id: int = 0
+    interval_s: float
+
+
 Request = (
     Open
     | Fingerprint
@@ -167,6 +175,7 @@ Request = (
     | Unlisten
     | Connect
     | WatchLinks
+    | WatchUsage
 )
 
 
@@ -275,6 +284,23 @@ class LinkState(Message, tag="link_state", kw_only=True):
     error: str = ""
 
 
+class RankUsage(Struct, kw_only=True):
+    rank: int
+    pid: int
+    rss_bytes: int  # the rank and everything in its process group's tree
+
+
+class NodeUsage(Message, tag="usage", kw_only=True):
+    """What the node has and what our ranks take, now (live telemetry)."""
+
+    memory: MemoryInfo
+    load_1m: float | None = None  # the 1-minute load average
+    cpu_count: int | None = None
+    ranks: list[RankUsage] = msgspec.field(default_factory=list)
+    wired_bytes: int | None = None  # macOS: memory wired down (Metal buffers count here)
+    gpu_wired_limit_mb: int | None = None  # macOS iogpu.wired_limit_mb; 0 = system default
+
+
 Reply = (
     Ok
     | ErrorReply
@@ -287,7 +313,7 @@ Reply = (
     | Reaped
     | Reachable
 )
-Event = Hello | Log | Exited | LinkState
+Event = Hello | Log | Exited | LinkState | NodeUsage
 AgentMessage = Reply | Event
 
 

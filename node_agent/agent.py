@@ -53,6 +53,7 @@ from contract.agent_protocol import (
     Stopped,
     Unlisten,
     WatchLinks,
+    WatchUsage,
 )
 from node_agent import AGENT_VERSION, host_ops, links
 from node_agent.code_digest import code_digest, code_root
@@ -60,6 +61,7 @@ from node_agent.fingerprint import collect_fingerprint
 from node_agent.links import LinkProbes
 from node_agent.ranks import RankTable, SpawnError
 from node_agent.stdio import LineWriter, open_protocol_stdio
+from node_agent.usage import UsageReporter
 
 log = logging.getLogger("node_agent")
 
@@ -77,6 +79,7 @@ class Agent:
         self._digest: str | None = None
         self._ranks = RankTable(self.emit, self._root)
         self._links = LinkProbes(self.emit)
+        self._usage = UsageReporter(self.emit, self._ranks.pids)
         self._opened = False
         self._last_request = time.monotonic()
         self._stop = asyncio.Event()
@@ -117,6 +120,7 @@ class Agent:
         log.info("shutting down: %s", self._stop_reason)
         reader.cancel()
         await self._links.close()
+        self._usage.stop()
         self._ranks.discard_standbys()
         if len(self._ranks):
             await self._ranks.stop(None, self._grace_s)
@@ -248,6 +252,9 @@ class Agent:
                 return Ok(id=req.id)
             case Connect():
                 return await links.connect(req.host, req.port, req.timeout_s, req.id)
+            case WatchUsage():
+                self._usage.watch(req.interval_s)
+                return Ok(id=req.id)
             case WatchLinks():
                 await self._links.watch(
                     req.targets, req.interval_s, req.timeout_s, req.down_after

@@ -85,6 +85,10 @@ class RankTable:
     def __len__(self) -> int:
         return len(self._ranks)
 
+    def pids(self) -> list[tuple[int, int]]:
+        """(rank, pid) of every running rank."""
+        return [(rp.rank, rp.pid) for rp in sorted(self._ranks.values(), key=lambda r: r.rank)]
+
     def infos(self) -> list[RankInfo]:
         return [rp.info() for rp in sorted(self._ranks.values(), key=lambda r: r.rank)]
 

@@ -31,12 +31,6 @@ class OrchestratorMetrics:
         self.node_up = Gauge(
             "orchestrator_node_up", "1 when the node's agent is connected.", ["node"], registry=r
         )
-        self.node_memory = Gauge(
-            "orchestrator_node_memory_bytes",
-            "Node memory from its last fingerprint.",
-            ["node", "kind"],
-            registry=r,
-        )
         self.rank_up = Gauge(
             "orchestrator_rank_up", "1 while the rank's process runs.", ["rank"], registry=r
         )

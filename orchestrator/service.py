@@ -47,7 +47,8 @@ from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.progress import Rank0Probe
 from orchestrator.supervision.state import GangState, StateMachine
 from orchestrator.supervision.supervisor import Supervisor
-from orchestrator.transports.pool import NodePool
+from orchestrator.transports.pool import USAGE_INTERVAL_S, NodePool
+from orchestrator.usage_metrics import NodeUsageCollector
 
 log = logging.getLogger("orchestrator")
 
@@ -84,7 +85,9 @@ class Service:
                 self.spec,
                 on_event=lambda node, event: monitor.on_agent_event(node, event),
                 on_lost=lambda node, info: monitor.on_agent_lost(node, info),
+                usage_interval_s=USAGE_INTERVAL_S,
             )
+            self.metrics.registry.register(NodeUsageCollector(pool.nodes))
             links = LinkChecks(self.spec, pool)
             monitor = GangMonitor(pool.nodes, self.metrics, time.monotonic, links.hops)
             self.supervisor = Supervisor(
@@ -122,14 +125,6 @@ class Service:
             await end_stale_ranks(pool, previous.ranks)
         self.machine.to(GangState.PREFLIGHT)
         fingerprints = await pool.fingerprint_all()
-        for name, fingerprint in fingerprints.items():
-            if fingerprint.memory is not None:
-                self.metrics.node_memory.labels(node=name, kind="total").set(
-                    fingerprint.memory.total_bytes
-                )
-                self.metrics.node_memory.labels(node=name, kind="available").set(
-                    fingerprint.memory.available_bytes or 0
-                )
         failures = run_preflight(self.spec, fingerprints, await self._busy_ports(pool))
         for failure in failures:
             self.metrics.preflight_failures.labels(check=failure.check).inc()

@@ -50,3 +50,17 @@ def parse_sysctl_value(text: str, name: str | None = None) -> str:
 
 def parse_sysctl_int(text: str, name: str | None = None) -> int:
     return int(parse_sysctl_value(text, name))
+
+
+def parse_vm_stat_wired(text: str) -> int:
+    """Bytes wired down, from `vm_stat`: its header gives the page size (16384 on Apple
+    Silicon), then `Pages wired down:   400018.`"""
+    page_size = wired = None
+    for line in text.splitlines():
+        if "page size of" in line:
+            page_size = int(line.split("page size of")[1].split()[0])
+        elif line.startswith("Pages wired down:"):
+            wired = int(line.split(":")[1].strip().rstrip("."))
+    if page_size is None or wired is None:
+        raise ValueError(f"no page size or wired pages in vm_stat output: {text[:200]!r}")
+    return wired * page_size

@@ -13,8 +13,13 @@ class NodeStatus(Struct, kw_only=True):
     hostname: str = ""
     chip: str = ""
     os: str = ""
+    # Live, from the agent's usage reports (0 until the first, and once they are stale).
     memory_total_bytes: int = 0
     memory_available_bytes: int = 0
+    memory_ranks_bytes: int = 0  # resident memory of our ranks on the node
+    load_1m: float | None = None
+    usage_age_s: float | None = None  # seconds since the latest report; None: none yet
+    usage_stale: bool = False  # the agent has been silent too long: figures withheld
     mlx_version: str = ""
     mlx_lm_version: str = ""
     rdma: str = ""

@@ -46,16 +46,29 @@ def _node(connection: NodeConnection) -> NodeStatus:
     )
     if connection.fingerprint is not None:
         _fill_from_fingerprint(status, connection.fingerprint)
+    _fill_from_usage(status, connection)
     return status
+
+
+def _fill_from_usage(status: NodeStatus, connection: NodeConnection) -> None:
+    """Live figures from the agent's latest report; none (and stale) once it is too old."""
+    if connection.usage is None:
+        return
+    status.usage_age_s = time.monotonic() - connection.usage_at
+    usage = connection.fresh_usage()
+    status.usage_stale = usage is None
+    if usage is None:
+        return
+    status.memory_total_bytes = usage.memory.total_bytes
+    status.memory_available_bytes = usage.memory.available_bytes or 0
+    status.memory_ranks_bytes = sum(rank.rss_bytes for rank in usage.ranks)
+    status.load_1m = usage.load_1m
 
 
 def _fill_from_fingerprint(status: NodeStatus, fingerprint: NodeFingerprint) -> None:
     status.hostname = fingerprint.hostname
     status.chip = fingerprint.chip or ""
     status.os = f"{fingerprint.os.name} {fingerprint.os.version}"
-    if fingerprint.memory is not None:
-        status.memory_total_bytes = fingerprint.memory.total_bytes
-        status.memory_available_bytes = fingerprint.memory.available_bytes or 0
     status.mlx_version = fingerprint.packages.get("mlx") or ""
     status.mlx_lm_version = fingerprint.packages.get("mlx-lm") or ""
     rdma = fingerprint.rdma

@@ -8,7 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.status.model import ClusterStatus
+from orchestrator.status.model import ClusterStatus, NodeStatus
 
 GIB = 1024**3
 STATE_STYLE = {"ready": "bold green", "failed": "bold red", "stopped": "dim"}
@@ -30,25 +30,33 @@ def render_status(status: ClusterStatus) -> Group:
 
 def _nodes_table(status: ClusterStatus) -> Table:
     table = Table(title="nodes", title_justify="left", expand=False)
-    for column in ("node", "host", "chip", "memory used/total", "mlx", "rdma", "agent"):
+    for column in ("node", "host", "chip", "memory used/total (ranks)", "load", "mlx", "rdma",
+                   "agent"):
         table.add_column(column)
     for node in status.nodes:
-        used = node.memory_total_bytes - node.memory_available_bytes
-        memory = (
-            f"{used / GIB:.1f}/{node.memory_total_bytes / GIB:.1f} GiB"
-            if node.memory_total_bytes
-            else "-"
-        )
         table.add_row(
             node.name,
             node.hostname or node.host,
             node.chip or "-",
-            memory,
+            _memory(node),
+            f"{node.load_1m:.1f}" if node.load_1m is not None and not node.usage_stale else "-",
             node.mlx_version or "-",
             node.rdma or "-",
             "[green]up[/]" if node.connected else "[red]down[/]",
         )
     return table
+
+
+def _memory(node: NodeStatus) -> str:
+    if node.usage_stale:
+        return f"[yellow]stale ({node.usage_age_s or 0:.0f} s old)[/]"
+    if not node.memory_total_bytes:
+        return "-"
+    used = node.memory_total_bytes - node.memory_available_bytes
+    return (
+        f"{used / GIB:.1f}/{node.memory_total_bytes / GIB:.1f} GiB "
+        f"({node.memory_ranks_bytes / GIB:.1f})"
+    )
 
 
 def _ranks_table(status: ClusterStatus) -> Table:

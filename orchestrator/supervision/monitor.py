@@ -91,8 +91,10 @@ class GangMonitor:
         self.report(RankFailure(Cause.LINK_DOWN, node, rank, detail, self._clock()))
 
     def _low_memory(self, node: str) -> bool:
-        fingerprint = self._nodes[node].fingerprint
-        memory = fingerprint.memory if fingerprint else None
+        """From the node's live usage report; the fingerprint taken at `up` if none."""
+        connection = self._nodes[node]
+        usage, fingerprint = connection.fresh_usage(), connection.fingerprint
+        memory = usage.memory if usage else fingerprint.memory if fingerprint else None
         return bool(
             memory
             and memory.available_bytes is not None

@@ -281,6 +281,10 @@ class AgentHandle:
         msg = protocol.Connect(host=host, port=port, timeout_s=timeout_s)
         return await self.request(msg, protocol.Reachable, timeout_s + 10.0)
 
+    async def watch_usage(self, interval_s: float, timeout: float = 10.0) -> None:
+        """Have the agent push a NodeUsage event every interval_s (0 stops it)."""
+        await self.request(protocol.WatchUsage(interval_s=interval_s), Ok, timeout)
+
     async def watch_links(self, targets: list[protocol.LinkTarget], timeout: float = 10.0) -> None:
         """Probe these links from the node while the gang runs; LinkState events follow."""
         await self.request(protocol.WatchLinks(targets=targets), Ok, timeout)
@@ -308,7 +312,7 @@ class AgentHandle:
         except msgspec.DecodeError as exc:
             log.warning("[%s] undecodable line from agent (%s): %r", self.node, exc, line[:200])
             return
-        if isinstance(msg, Hello | protocol.Log | Exited | protocol.LinkState):
+        if isinstance(msg, protocol.Event):
             self._deliver(msg)
             return
         fut = self._pending.get(msg.id) if msg.id is not None else None

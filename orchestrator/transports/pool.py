@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from contract.agent_protocol import Event
+from contract.agent_protocol import Event, NodeUsage
 from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.transports import (
@@ -29,16 +30,27 @@ EventSink = Callable[[str, Event], None]
 LostSink = Callable[[str, AgentExit], None]
 
 
+USAGE_INTERVAL_S = 2.0  # how often each agent reports the node's usage
+USAGE_STALE_S = 10.0  # a report older than this is shown as stale, not as the last number
+
+
 @dataclass
 class NodeConnection:
     spec: NodeSpec
     transport: Transport | None = None
     agent: AgentHandle | None = None
     fingerprint: NodeFingerprint | None = None
+    usage: NodeUsage | None = None  # the agent's latest report
+    usage_at: float = 0.0  # time.monotonic() when it arrived
 
     @property
     def connected(self) -> bool:
         return self.agent is not None and not self.agent.closed
+
+    def fresh_usage(self, now: float | None = None) -> NodeUsage | None:
+        """The latest usage report, unless the agent has been silent past USAGE_STALE_S."""
+        now = time.monotonic() if now is None else now
+        return self.usage if self.usage and now - self.usage_at <= USAGE_STALE_S else None
 
 
 class NodePool:
@@ -48,11 +60,13 @@ class NodePool:
         on_event: EventSink,
         on_lost: LostSink,
         connect_timeout_s: float = 30.0,
+        usage_interval_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.nodes = {node.name: NodeConnection(node) for node in spec.nodes}
         self._on_event, self._on_lost = on_event, on_lost
         self._connect_timeout_s = connect_timeout_s
+        self._usage_interval_s = usage_interval_s
         self._watchers: set[asyncio.Task[None]] = set()
 
     def agent(self, name: str) -> AgentHandle:
@@ -85,10 +99,12 @@ class NodePool:
         node.transport = transport
         await transport.connect()
         agent = await transport.start_agent(
-            on_event=lambda event: self._on_event(name, event),
+            on_event=lambda event: self._on_agent_event(name, event),
             start_timeout=self._connect_timeout_s,
         )
         node.agent = agent
+        if self._usage_interval_s:
+            await agent.watch_usage(self._usage_interval_s)
         watcher = asyncio.create_task(self._watch(name, agent))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -98,6 +114,12 @@ class NodePool:
             agent.hello.agent_version if agent.hello else "?",
             agent.hello.pid if agent.hello else "?",
         )
+
+    def _on_agent_event(self, name: str, event: Event) -> None:
+        if isinstance(event, NodeUsage):
+            node = self.nodes[name]
+            node.usage, node.usage_at = event, time.monotonic()
+        self._on_event(name, event)
 
     async def fingerprint_all(self) -> dict[str, NodeFingerprint]:
         async def one(name: str) -> NodeFingerprint:

@@ -125,3 +125,11 @@ def test_os_release_values_are_parsed_not_executed(tmp_path: Path) -> None:
     fields = linux.parse_os_release(f'NAME="$(touch {marker})"\n')
     assert fields["NAME"] == f"$(touch {marker})"
     assert not marker.exists()
+
+
+def test_vm_stat_wired_bytes() -> None:
+    """Wired pages times the page size from vm_stat's header (16 KiB on Apple Silicon)."""
+    text = (FIXTURES / "vm_stat_apple_silicon.txt").read_text()
+    assert macos.parse_vm_stat_wired(text) == 400018 * 16384
+    with pytest.raises(ValueError):
+        macos.parse_vm_stat_wired("Pages free: 3.\n")

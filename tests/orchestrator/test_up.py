@@ -107,6 +107,25 @@ def test_metrics_has_both_families(smollm_cluster: Cluster) -> None:
     assert {"serving_requests_running", "serving_batch_size", "serving_steps"} <= names
 
 
+def test_live_node_usage_in_metrics_and_status(smollm_cluster: Cluster) -> None:
+    """Every node reports its memory and its ranks' RSS every few seconds: in /metrics and
+    in `status`, fresh."""
+    text = httpx.get(f"{smollm_cluster.url}/metrics", timeout=10).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    ranks_rss = {
+        s.labels["node"]: s.value
+        for s in samples
+        if s.name == "orchestrator_node_memory_bytes" and s.labels["kind"] == "ranks"
+    }
+    assert set(ranks_rss) == {"r0", "r1", "r2"} and min(ranks_rss.values()) > 50e6
+    per_rank = {s.labels["rank"] for s in samples if s.name == "orchestrator_rank_memory_bytes"}
+    assert per_rank == {"0", "1", "2"}
+    status = json.loads(run_cli("status", str(smollm_cluster.config), "--json", env=KEY_ENV).stdout)
+    for node in status["nodes"]:
+        assert not node["usage_stale"] and node["usage_age_s"] < 10
+        assert node["memory_available_bytes"] > 0 and node["memory_ranks_bytes"] > 50e6
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [
