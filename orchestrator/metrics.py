@@ -12,6 +12,8 @@ from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.state import GangState
 
 FAILED_REQUEST_REASONS = ("unavailable", "stream_cut")  # the gateway's labels
+PREFLIGHT_CHECKS = ("versions", "model", "heads", "memory", "address", "ports", "jaccl", "links")
+STATUSES = ("200", "400", "401", "404", "413", "429", "500", "503", "504")
 _DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
@@ -59,6 +61,12 @@ class OrchestratorMetrics:
             "Requests resent to a new gang after a failure.",
             registry=r,
         )
+        self.responses = Counter(
+            "orchestrator_responses",
+            "Answers of the gateway's /v1 routes by HTTP status.",
+            ["status"],
+            registry=r,
+        )
         self.requests_failed = Counter(
             "orchestrator_requests_failed",
             "Requests the gateway ended with an error.",
@@ -75,6 +83,10 @@ class OrchestratorMetrics:
             self.restarts.labels(cause=cause.value)
         for reason in FAILED_REQUEST_REASONS:
             self.requests_failed.labels(reason=reason)
+        for check in PREFLIGHT_CHECKS:
+            self.preflight_failures.labels(check=check)
+        for status in STATUSES:
+            self.responses.labels(status=status)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

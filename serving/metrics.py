@@ -61,6 +61,9 @@ class ServingMetrics:
         self.batch_size_hist = Histogram(
             "serving_batch_size_steps", "Sequences decoded per step",
             buckets=BATCH_BUCKETS, registry=r)
+        self.queue_time = Histogram(
+            "serving_request_queue_time_seconds", "From arrival to a batch slot",
+            buckets=TTFT_BUCKETS, registry=r)
         self.steps = Counter(metric_names.STEPS, "Engine steps run", registry=r)
         self.last_step = Gauge(
             metric_names.LAST_STEP_TIMESTAMP, "Unix time of the last engine step",
@@ -68,3 +71,5 @@ class ServingMetrics:
         self.pending = Gauge(
             "serving_requests_pending", "Requests waiting or running (watchdog: pending "
             "work without step progress means a hang)", registry=r)
+        for reason in ("stop", "length"):  # exported at 0 before the first finish
+            self.requests_finished.labels(finish_reason=reason)

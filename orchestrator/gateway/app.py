@@ -81,6 +81,7 @@ async def proxy_v1(request: Request, path: str, state: State) -> Response | Stre
     _check_utf8(body, headers)
     forward = proxy.forward(request.method, f"/v1{path}", request.url.query or "", headers, body)
     result = await _unless_client_leaves(request, forward)
+    _gateway(state).metrics.responses.labels(status=str(result.status)).inc()
     if result.rest is None:
         return Response(result.first_chunk, status_code=result.status, headers=result.headers)
     return Stream(

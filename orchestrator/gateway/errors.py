@@ -44,8 +44,9 @@ class ClientGone(Exception):
     """The client disconnected before its answer: nobody reads what we would send."""
 
 
-def api_error_handler(_: Request, exc: Exception) -> Response:
+def api_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    request.app.state.gateway.metrics.responses.labels(status=str(exc.status)).inc()
     return Response(ErrorEnvelope(exc.body), status_code=exc.status, headers=exc.headers)
 
 

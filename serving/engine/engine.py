@@ -195,6 +195,9 @@ class Engine:
             while self._waiting and len(self._running) + len(admitted) < self._max_batch:
                 admitted.append(self._waiting.popleft())
             self._metrics.requests_waiting.set(len(self._waiting))
+        now = time.monotonic()
+        for request in admitted:
+            self._metrics.queue_time.observe(now - request.created)
         return admitted
 
     def _plan(self, admitted: list[GenerationRequest]) -> PlannedStep:
