@@ -8,6 +8,7 @@ REQUESTS_WAITING = "serving_requests_waiting"
 STEPS = "serving_steps"  # counter
 GENERATION_TOKENS = "serving_generation_tokens"  # counter
 LAST_STEP_TIMESTAMP = "serving_last_step_timestamp_seconds"
+TIME_TO_FIRST_TOKEN = "serving_time_to_first_token_seconds"  # histogram
 
 COUNTERS = frozenset({STEPS, GENERATION_TOKENS})
 

@@ -31,7 +31,7 @@ class ServingMetrics:
         self.requests_waiting = Gauge(
             metric_names.REQUESTS_WAITING, "Requests waiting for a batch slot", registry=r)
         self.time_to_first_token = Histogram(
-            "serving_time_to_first_token_seconds", "Time to first token",
+            metric_names.TIME_TO_FIRST_TOKEN, "Time to first token",
             buckets=TTFT_BUCKETS, registry=r)
         self.inter_token_latency = Histogram(
             "serving_inter_token_latency_seconds", "Time between tokens of a request",

@@ -7,13 +7,12 @@
       ring:   a veth pair per pair of neighbours (i, i+1 mod N): <p>c<j> in host i faces
               host j, each cable its own /30 (a cabled Thunderbolt ring of Macs)
 
-<p> is a per-run prefix ("mco" + 4 hex digits). A run takes a /24 of 198.18.0.0/15 (the
-benchmarking range) that no route here overlaps: its lower /25 for management, its upper
-/25 for data. The root namespace's management address puts the /24 into `ip route`, so
-parallel runs skip it. Hosts have connected routes only: no default route, no NAT. The data
-bridge has a namespace of its own so the root namespace's firewall never sees data traffic.
-Faults apply to data links only, so SSH keeps working; where the kernel lacks sch_netem,
-tbf stands in for 100% loss (a bucket smaller than any packet) or a rate limit.
+<p> is a per-run prefix ("mco" + 4 hex digits). A run takes a /24 of 198.18.0.0/15 that no
+route here overlaps: its lower /25 for management, its upper /25 for data; the root's address
+on <p>mb routes the /24, so parallel runs skip it. Hosts have connected routes only (no default
+route, no NAT). The data bridge has its own namespace: the root's firewall never sees it.
+Faults apply to data links only, so SSH stays up; where the kernel lacks sch_netem, tbf
+stands in for 100% loss (a bucket smaller than any packet) or a rate limit.
 """
 
 from __future__ import annotations
@@ -27,15 +26,15 @@ import random
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import psutil
 import pytest
@@ -47,22 +46,12 @@ IP, TC = "/usr/sbin/ip", "/usr/sbin/tc"
 REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_NETNS"
 BENCHMARK_NET = ipaddress.IPv4Network("198.18.0.0/15")
 MAX_HOSTS = 30  # 32 cables fit the data /25 and host numbers keep names within 15 chars
-# A token bucket smaller than any frame: every packet, ARP included, is dropped.
-DROP_ALL = ["tbf", "rate", "8bit", "burst", "10", "limit", "10"]
-
-
-class NetnsError(RuntimeError):
-    """A command building or changing the hosts failed; carries its stderr."""
-
-    def __init__(self, argv: tuple[str, ...], stderr: str) -> None:
-        super().__init__(f"{' '.join(argv)}: {stderr.strip()}")
-        self.stderr = stderr
 
 
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     if check and result.returncode != 0:
-        raise NetnsError(argv, result.stderr)
+        raise RuntimeError(f"{' '.join(argv)}: {result.stderr.strip()}")
     return result
 
 
@@ -78,18 +67,15 @@ class Host:
     mgmt_ip: str  # sshd listens here; the root namespace reaches it over the management bridge
     ssh_port: int = 22
     data_ip: str = ""  # where ranks reach it (ring: its address on the cable to host i-1)
-    # Peer index -> this host's address as that peer reaches it (switch: data_ip for all;
-    # ring: neighbours only, each on the cable they share).
+    # Peer index -> this host's address as that peer reaches it (ring: neighbours only).
     data_ips: dict[int, str] = field(default_factory=dict)
     sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     started: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False)
 
-    def run(
-        self, argv: list[str], timeout: float = 30.0, check: bool = False
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run a command inside this host's namespace, its output captured as text."""
         argv = [IP, "netns", "exec", self.ns, *argv]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
     def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start a command inside this host; teardown ends it with everything else here."""
@@ -112,12 +98,13 @@ class MultiHost:
     known_hosts: Path  # every host's key at its management address, for strict checking
     mgmt_net: ipaddress.IPv4Network
     data_net: ipaddress.IPv4Network
-    user: str = field(default_factory=getpass.getuser)
 
     def cables(self) -> list[tuple[int, int]]:
         """The ring's cables as (i, i+1 mod N); two hosts share one cable."""
-        size = len(self.hosts) if self.topology == "ring" else 0
-        return [(i, (i + 1) % size) for i in range(size if size > 2 else size // 2)]
+        if self.topology != "ring":
+            return []
+        size = len(self.hosts)
+        return [(i, (i + 1) % size) for i in range(size if size > 2 else 1)]
 
     def node(self, i: int, **overrides: Any) -> dict[str, Any]:
         """Fields of a cluster.toml [[nodes]] table reaching host i over strict SSH."""
@@ -125,7 +112,7 @@ class MultiHost:
         return {
             "name": host.name,
             "transport": "ssh",
-            "ssh": f"{self.user}@{host.mgmt_ip}",
+            "ssh": f"{getpass.getuser()}@{host.mgmt_ip}",
             "ssh_port": host.ssh_port,
             "identity_file": str(self.user_key),
             "known_hosts": str(self.known_hosts),
@@ -135,11 +122,9 @@ class MultiHost:
 
     def links(self) -> list[dict[str, Any]]:
         """cluster.toml [[links]] tables: each cable's two hosts and their addresses on it."""
+        h = self.hosts
         return [
-            {
-                "between": [self.hosts[i].name, self.hosts[j].name],
-                "ips": [self.hosts[i].data_ips[j], self.hosts[j].data_ips[i]],
-            }
+            {"between": [h[i].name, h[j].name], "ips": [h[i].data_ips[j], h[j].data_ips[i]]}
             for i, j in self.cables()
         ]
 
@@ -161,8 +146,8 @@ class MultiHost:
         """Loss, delay and a rate limit on the link (tbf where the kernel has no netem)."""
         try:
             self._qdisc(i, j, _qdisc_spec(True, loss_percent, delay_ms, rate))
-        except NetnsError as error:
-            if "Specified qdisc kind is unknown" not in error.stderr:
+        except RuntimeError as error:
+            if "Specified qdisc kind is unknown" not in str(error):
                 raise
             self._qdisc(i, j, _qdisc_spec(False, loss_percent, delay_ms, rate))
 
@@ -170,15 +155,10 @@ class MultiHost:
         for ns, dev in self.ends(i, j):
             sh(TC, "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
 
-    # Older names (tests/orchestrator, bench/).
     def drop_all(self, i: int, j: int | None = None) -> None:
         self.netem(i, j, loss_percent=100, rate=None)
 
-    def shape(self, i: int, j: int | None = None, rate: str = "200mbit") -> None:
-        self.netem(i, j, rate=rate)
-
-    def clear(self, i: int, j: int | None = None) -> None:
-        self.clear_netem(i, j)
+    shape, clear = netem, clear_netem  # older names (tests/orchestrator, bench/)
 
     def _qdisc(self, i: int, j: int | None, spec: list[str]) -> None:
         for ns, dev in self.ends(i, j):
@@ -196,29 +176,28 @@ class MultiHost:
         return [(self.hosts[i].ns, f"{p}c{j}"), (self.hosts[j].ns, f"{p}c{i}")]
 
 
-def _qdisc_spec(
-    netem: bool, loss: float | None, delay: float | None, rate: str | None
-) -> list[str]:
+def _qdisc_spec(netem: bool, loss: float | None, delay: float | None, rate: str | None) -> list[str]:
     if netem:
         return ["netem", *(["delay", f"{delay}ms"] if delay else []),
                 *(["loss", f"{loss}%"] if loss else []), *(["rate", rate] if rate else [])]
-    if loss == 100:
-        return DROP_ALL
+    if loss == 100:  # a token bucket smaller than any frame: every packet, ARP too, dropped
+        return ["tbf", "rate", "8bit", "burst", "10", "limit", "10"]
     if not loss and not delay and rate:
         return ["tbf", "rate", rate, "burst", "256kb", "latency", "200ms"]
-    raise NetnsError(("tc", "netem"), "no sch_netem here: tbf gives only 100% loss or a rate")
+    raise RuntimeError("this kernel has no sch_netem: tbf gives only 100% loss or a rate")
 
 
 @contextlib.contextmanager
 def multi_host(count: int, topology: Topology, tmp_dir: Path) -> Iterator[MultiHost]:
-    """`count` hosts joined as `topology`, each running sshd; everything is removed on
-    exit, also when setup or the body fails."""
+    """`count` hosts joined as `topology`, each with sshd; all removed on exit, come what may."""
     if not (1 if topology == "switch" else 2) <= count <= MAX_HOSTS:
         raise ValueError(f"{count} hosts: a {topology} takes 1 or 2 to {MAX_HOSTS}")
     tmp_dir.mkdir(parents=True, exist_ok=True)
+    lock_file = Path(tempfile.gettempdir()) / "mco-netns.lock"
     with contextlib.ExitStack() as stack:
-        with _allocation_lock():
-            net = plan(_free_prefix(), _free_block(), count, topology, tmp_dir)
+        with lock_file.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # parallel runs choose names and subnets in turn
+            net = plan(*_free_names(), count, topology, tmp_dir)
             stack.callback(teardown, net)
             # With its address on the bridge our /24 is routed: other runs skip it now.
             _bridge(None, f"{net.prefix}mb", f"{net.mgmt_net[1]}/{net.mgmt_net.prefixlen}")
@@ -254,23 +233,11 @@ def plan(
     return net
 
 
-@contextlib.contextmanager
-def _allocation_lock() -> Iterator[None]:
-    """Parallel runs choose names and subnets one at a time, until theirs are visible."""
-    with (Path(tempfile.gettempdir()) / "mco-netns.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        yield
-
-
-def _free_prefix() -> str:
+def _free_names() -> tuple[str, ipaddress.IPv4Network]:
+    """A prefix no link or namespace has, a random /24 of 198.18.0.0/15 no route overlaps."""
     taken = sh(IP, "-o", "link").stdout + sh(IP, "netns", "list").stdout
     while (prefix := "mco" + secrets.token_hex(2)) in taken:
         pass
-    return prefix
-
-
-def _free_block() -> ipaddress.IPv4Network:
-    """A random /24 of 198.18.0.0/15 overlapping no route of any table here."""
     routes = sh(IP, "-4", "route", "show", "table", "all").stdout
     used = [
         ipaddress.IPv4Network(found, strict=False)
@@ -280,7 +247,7 @@ def _free_block() -> ipaddress.IPv4Network:
     random.shuffle(blocks)
     for block in blocks:
         if not any(block.overlaps(net) for net in used):
-            return block
+            return prefix, block
     raise RuntimeError("every /24 of 198.18.0.0/15 is routed already")
 
 
@@ -358,18 +325,15 @@ def teardown(net: MultiHost) -> None:
     namespaces = [ns for ns in sh(IP, "netns", "list").stdout.split() if ns.startswith(net.prefix)]
     for ns in namespaces:
         _kill_namespace(ns)
-    for host in net.hosts:
-        for proc in host.started:  # reap our children, dead by now
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=1)
-    for ns in namespaces:
-        sh(IP, "netns", "del", ns, check=False)
+    for proc in (proc for host in net.hosts for proc in host.started):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)  # reap our own children, dead by now
+    # Root-side ends first: deleting one removes its peer at once, whereas a deleted
+    # namespace's veths go away asynchronously.
     for name in own_links(net.prefix):
         sh(IP, "link", "del", "dev", name, check=False)
-    # The kernel removes a deleted namespace's veths asynchronously: wait for ours to go.
-    deadline = time.monotonic() + 5.0
-    while own_links(net.prefix) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    for ns in namespaces:
+        sh(IP, "netns", "del", ns, check=False)
 
 
 def own_links(prefix: str) -> list[str]:
@@ -384,22 +348,14 @@ def _netns_pids(ns: str) -> list[int]:
 
 def _kill_namespace(ns: str) -> None:
     """Every process in the namespace (sshd, sessions, agents, ranks), by PID: TERM, then
-    KILL; again while something there still starts new ones."""
-    for _ in range(3):
+    KILL to whatever is there after 3 s (listed again: something may have started more)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         procs = []
         for pid in _netns_pids(ns):
             with contextlib.suppress(psutil.Error):
                 procs.append(psutil.Process(pid))
-        if not procs:
-            return
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=3)
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=3)
+                procs[-1].send_signal(sig)
+        psutil.wait_procs(procs, timeout=3)
 
 
 @cache
@@ -407,11 +363,9 @@ def unusable_reason() -> str | None:
     """Why hosts cannot be made on this machine, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in (IP, TC, str(SSHD)):
-        if not Path(tool).is_file():
+    for tool in (IP, TC, str(SSHD), "ssh-keygen"):
+        if shutil.which(tool) is None:
             return f"{tool} is missing (apt-get install iproute2 openssh-server)"
-    if shutil.which("ssh-keygen") is None:
-        return "ssh-keygen is missing (apt-get install openssh-client)"
     probe = f"mco{secrets.token_hex(2)}-probe"
     made = sh(IP, "netns", "add", probe, check=False)
     sh(IP, "netns", "del", probe, check=False)
@@ -427,10 +381,7 @@ def require_netns() -> None:
         pytest.skip(reason)
 
 
-class ClusterFactory(Protocol):
-    def __call__(self, count: int, topology: Topology = "switch") -> MultiHost: ...
-
-
+ClusterFactory = Callable[..., MultiHost]  # (count, topology="switch") -> a live cluster
 HostsFactory = ClusterFactory  # its older name
 
 
@@ -440,7 +391,7 @@ def cluster_factory(tmp_path: Path) -> Iterator[ClusterFactory]:
     with contextlib.ExitStack() as stack:
 
         def make(count: int, topology: Topology = "switch") -> MultiHost:
-            where = tmp_path / f"hosts{len(list(tmp_path.glob('hosts*')))}"
+            where = Path(tempfile.mkdtemp(prefix="hosts", dir=tmp_path))
             return stack.enter_context(multi_host(count, topology, where))
 
         yield make

@@ -8,6 +8,7 @@ import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import unquote
 
 import httpx
@@ -34,6 +35,7 @@ from orchestrator.supervision.state import GangState
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 PROMETHEUS_TEXT = "text/plain; version=0.0.4"  # Litestar adds the charset
+PAGE = (Path(__file__).parent / "page.html").read_bytes()
 
 
 @dataclass
@@ -139,6 +141,12 @@ async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[byte
         yield chunk
 
 
+@get(["/", "/dashboard"], media_type="text/html")
+async def page() -> bytes:
+    """The status page: no key needed to load it; it asks for one when /status wants it."""
+    return PAGE
+
+
 @get("/health")
 async def health_endpoint(state: State) -> Response:
     view = _gateway(state).view
@@ -195,7 +203,7 @@ def create_app(
                 gateway.proxy = None
 
     return Litestar(
-        route_handlers=[proxy_v1, health_endpoint, status_endpoint, metrics_endpoint],
+        route_handlers=[proxy_v1, page, health_endpoint, status_endpoint, metrics_endpoint],
         lifespan=[open_proxy],
         state=State({"gateway": gateway}),
         exception_handlers={

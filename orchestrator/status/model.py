@@ -39,6 +39,13 @@ class ServingStatus(Struct, kw_only=True):
     requests_waiting: int = 0
     generation_tokens_total: int = 0
     tokens_per_second: float = 0.0
+    ttft_p50_s: float | None = None  # time to first token, median since rank 0 started
+
+
+class RestartEntry(Struct, kw_only=True):
+    at: float  # unix time the failure was noticed
+    cause: str
+    summary: str
 
 
 class ClusterStatus(Struct, kw_only=True):
@@ -55,3 +62,4 @@ class ClusterStatus(Struct, kw_only=True):
     nodes: list[NodeStatus] = []
     ranks: list[RankStatus] = []
     serving: ServingStatus = field(default_factory=ServingStatus)
+    history: list[RestartEntry] = []  # the latest gang failures, oldest first

@@ -10,7 +10,14 @@ from contract.exit_codes import describe_exit
 from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import LaunchedRank
-from orchestrator.status.model import ClusterStatus, NodeStatus, RankStatus, ServingStatus
+from orchestrator.status.model import (
+    ClusterStatus,
+    NodeStatus,
+    RankStatus,
+    RestartEntry,
+    ServingStatus,
+)
+from orchestrator.supervision.failures import RankFailure
 from orchestrator.supervision.snapshot import SupervisorSnapshot
 from orchestrator.transports.pool import NodeConnection
 
@@ -33,7 +40,13 @@ def build_status(
         nodes=[_node(connection) for connection in nodes],
         ranks=[_rank(process) for process in snapshot.ranks],
         serving=_serving(snapshot),
+        history=[_restart(result.root) for result in snapshot.history],
     )
+
+
+def _restart(failure: RankFailure) -> RestartEntry:
+    wall = time.time() - (time.monotonic() - failure.at)  # `at` is on the monotonic clock
+    return RestartEntry(at=wall, cause=failure.cause.value, summary=failure.summary())
 
 
 def _node(connection: NodeConnection) -> NodeStatus:
@@ -109,4 +122,5 @@ def _serving(snapshot: SupervisorSnapshot) -> ServingStatus:
         requests_waiting=int(sample.waiting),
         generation_tokens_total=int(sample.generation_tokens),
         tokens_per_second=snapshot.tokens_per_second,
+        ttft_p50_s=sample.ttft_p50_s,
     )

@@ -22,6 +22,7 @@ class ServingSample:
     running: float = 0.0
     waiting: float = 0.0
     generation_tokens: float = 0.0
+    ttft_p50_s: float | None = None  # from rank 0's histogram, over its whole life
 
 
 class Rank0Probe:
@@ -55,11 +56,14 @@ class Rank0Probe:
 
 
 def parse_sample(metrics_text: str) -> ServingSample:
-    values = {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(metrics_text)
+    families = list(text_string_to_metric_families(metrics_text))
+    values = {sample.name: sample.value for family in families for sample in family.samples}
+    ttft = [
+        (float(sample.labels["le"]), sample.value)
+        for family in families
         for sample in family.samples
-    }
+        if sample.name == f"{metric_names.TIME_TO_FIRST_TOKEN}_bucket"
+    ]
 
     def value(metric: str) -> float:
         return values.get(sample_name(metric), 0.0)
@@ -70,7 +74,26 @@ def parse_sample(metrics_text: str) -> ServingSample:
         running=value(metric_names.REQUESTS_RUNNING),
         waiting=value(metric_names.REQUESTS_WAITING),
         generation_tokens=value(metric_names.GENERATION_TOKENS),
+        ttft_p50_s=median_of_histogram(ttft),
     )
+
+
+def median_of_histogram(buckets: list[tuple[float, float]]) -> float | None:
+    """The median from cumulative (upper bound, count) buckets, interpolated within its
+    bucket as Prometheus' histogram_quantile does; None with no observation."""
+    buckets = sorted(buckets)
+    total = buckets[-1][1] if buckets else 0.0
+    if not total:
+        return None
+    below, lower = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= total / 2:
+            if upper == float("inf"):
+                return lower
+            share = (total / 2 - below) / (count - below) if count > below else 1.0
+            return lower + (upper - lower) * share
+        below, lower = count, upper
+    return None
 
 
 class ProgressWatch:
