@@ -136,12 +136,11 @@ def test_live_node_usage_in_metrics_and_status(smollm_cluster: Cluster) -> None:
 )
 def test_api_key_required_on_v1(smollm_cluster: Cluster, method: str, path: str) -> None:
     """Every /v1 route answers 401 in OpenAI's shape without or with a wrong key."""
-    body = {
-        "model": "smollm2-135m-instruct",
-        "prompt": "Hi",
-        "max_tokens": 2,
-        "messages": [{"role": "user", "content": "Hi"}],
-    }
+    body: dict[str, object] = {"model": "smollm2-135m-instruct", "max_tokens": 2}
+    if path.endswith("chat/completions"):  # each route refuses the other's fields
+        body["messages"] = [{"role": "user", "content": "Hi"}]
+    elif path.endswith("completions"):
+        body["prompt"] = "Hi"
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         response = httpx.request(method, f"{smollm_cluster.url}{path}", json=body, headers=headers)
         assert response.status_code == 401
