@@ -9,6 +9,10 @@
     orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited, LinkState,
                                                  NodeUsage
 
+The model-sync requests and replies (ModelManifest, ModelPrepare, ModelPrefixHash,
+ModelFinalize → ManifestResult, ModelPrepared, PrefixHashes, ModelFinalized) live in
+contract/model_manifest.py and are members of the unions below.
+
 Every message carries its kind in the `type` field (a msgspec tagged union).
 The agent writes `Hello` as soon as it starts; the orchestrator's first request
 must be `Open` with its PROTOCOL_VERSION, which the agent refuses (and then
@@ -24,8 +28,19 @@ import msgspec
 from msgspec import Struct
 
 from contract.fingerprint import MemoryInfo, NodeFingerprint
+from contract.message import Message
+from contract.model_manifest import (
+    ManifestResult,
+    ModelFinalize,
+    ModelFinalized,
+    ModelManifest,
+    ModelPrefixHash,
+    ModelPrepare,
+    ModelPrepared,
+    PrefixHashes,
+)
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 # Error codes of ErrorReply.
 PROTOCOL_MISMATCH = "protocol_mismatch"
@@ -36,10 +51,6 @@ SPAWN_FAILED = "spawn_failed"
 UNKNOWN_RANK = "unknown_rank"
 BIND_FAILED = "bind_failed"
 INTERNAL = "internal"
-
-
-class Message(Struct, tag_field="type", kw_only=True, omit_defaults=True):
-    """Base of every wire message."""
 
 
 # ── requests (orchestrator → agent) ──────────────────────────────────────────
@@ -176,6 +187,10 @@ Request = (
     | Connect
     | WatchLinks
     | WatchUsage
+    | ModelManifest
+    | ModelPrepare
+    | ModelPrefixHash
+    | ModelFinalize
 )
 
 
@@ -312,6 +327,10 @@ Reply = (
     | PortsResult
     | Reaped
     | Reachable
+    | ManifestResult
+    | ModelPrepared
+    | PrefixHashes
+    | ModelFinalized
 )
 Event = Hello | Log | Exited | LinkState | NodeUsage
 AgentMessage = Reply | Event

@@ -87,9 +87,9 @@ class ModelInfo(Struct, kw_only=True):
     file_count: int = 0
     total_bytes: int = 0
     weight_bytes: int = 0  # *.safetensors (or the GGUF file)
-    # sha256 over config.json, tokenizer files and every safetensors header
-    # (GGUF: its metadata section) plus weight file sizes; equal digests on two
-    # nodes mean the same model without hashing gigabytes of weights.
+    # Model directory: the first 16 hex digits of its manifest digest (contract/
+    # model_manifest.py: every file's size and full SHA-256, cached on the node), so equal
+    # digests on two nodes mean the same bytes. GGUF: its name, size and metadata section.
     digest: str | None = None
     config: ModelConfigInfo | None = None
     error: str | None = None
@@ -109,6 +109,7 @@ class NodeFingerprint(Struct, kw_only=True):
     cpu_count: int | None = None
     memory: MemoryInfo | None = None
     gpu_wired_limit_mb: int | None = None  # macOS `iogpu.wired_limit_mb`; 0 = system default
+    blas: str = ""  # what MLX's matmuls run on (contract/blas.py describe_blas)
     python: PythonInfo
     # Distribution versions (None = not installed): mlx, mlx-lm, mlx-metal,
     # mlx-cluster-orchestrator.

@@ -23,6 +23,11 @@ STANDBY_GO = "go"
 # (read when the rank starts, so a test can change the faults between launches).
 FAULT = "ORCHESTRATOR_FAULT"
 FAULT_FILE = "ORCHESTRATOR_FAULT_FILE"
+# "reference": do not load an optimized BLAS on Linux (serving/blas.py), e.g. to compare.
+BLAS = "ORCHESTRATOR_BLAS"
+# Test aid: rank 0 makes every completion emit exactly this text (then EOS), whatever the
+# model says, through the real sampling path (e.g. a tiny model "calling" a tool).
+FORCED_OUTPUT = "ORCHESTRATOR_FORCED_OUTPUT"
 
 # What the orchestrator sets for each rank; a node's [nodes.env] may not override them.
 RESERVED = frozenset({RANK, HOSTFILE, JACCL_COORDINATOR, IBV_DEVICES, LAUNCH_ID, AGENT_PID})

@@ -37,6 +37,11 @@ class ModelSettings(Section):
     id: str | None = None
     # Longest prompt + completion in tokens; None takes the model's own limit.
     context_length: PositiveInt | None = None
+    # `up` first copies the model directory to every node that lacks it or holds another
+    # copy (what `orchestrator sync` does), from sync_from: a node's name, or None for the
+    # machine the orchestrator runs on. Never for `bundled:` models.
+    sync: bool = False
+    sync_from: str | None = None
 
     @property
     def served_id(self) -> str:
@@ -57,8 +62,13 @@ class ServingSettings(Section):
     # Rank 0's internal OpenAI API, on rank 0's node; the gateway proxies to it.
     rank_api_port: Port = 52200
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024  # larger bodies get 413
-    prefill_step_size: PositiveInt = 2048
+    # Prompt tokens prefilled per engine step, between decode steps of the running batch:
+    # smaller keeps streams flowing while a long prompt arrives, larger prefills faster.
+    prefill_step_size: PositiveInt = 512
     prompt_cache_size: NonNegativeInt = 10  # finished sequences kept for prefix reuse; 0: off
+    # Bytes of KV the prefix cache may hold on each rank; None: a quarter of the memory
+    # available once the weights are loaded, the smallest of all ranks (so all evict alike).
+    prompt_cache_gb: Annotated[float, Meta(ge=0)] | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
 

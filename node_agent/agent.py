@@ -55,10 +55,19 @@ from contract.agent_protocol import (
     WatchLinks,
     WatchUsage,
 )
-from node_agent import AGENT_VERSION, host_ops, links
+from contract.model_manifest import (
+    MODEL_IO,
+    ManifestResult,
+    ModelFinalize,
+    ModelManifest,
+    ModelPrefixHash,
+    ModelPrepare,
+)
+from node_agent import AGENT_VERSION, host_ops, links, model_store
 from node_agent.code_digest import code_digest, code_root
 from node_agent.fingerprint import collect_fingerprint
 from node_agent.links import LinkProbes
+from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.ranks import RankTable, SpawnError
 from node_agent.stdio import LineWriter, open_protocol_stdio
 from node_agent.usage import UsageReporter
@@ -176,7 +185,11 @@ class Agent:
             await self._error(
                 req.id, protocol.HANDSHAKE_REQUIRED, "send `open` with the protocol version first"
             )
-        elif isinstance(req, Stop | Fingerprint | Reap | Connect):
+        elif isinstance(
+            req,
+            Stop | Fingerprint | Reap | Connect | ModelManifest | ModelPrepare | ModelPrefixHash
+            | ModelFinalize,
+        ):
             # These wait (grace periods, tools): answer out of order, keep reading.
             self._spawn_task(self._dispatch(req))
         else:
@@ -211,6 +224,10 @@ class Agent:
             reply = await self._answer(req)
         except SpawnError as exc:
             await self._error(req.id, protocol.SPAWN_FAILED, str(exc))
+        except model_store.StoreError as exc:
+            await self._error(req.id, exc.code, exc.message)
+        except ModelFileError as exc:
+            await self._error(req.id, MODEL_IO, str(exc))
         except KeyError as exc:
             await self._error(req.id, protocol.UNKNOWN_RANK, f"no running rank {exc}")
         except OSError as exc:  # Listen on an address this node cannot bind
@@ -260,10 +277,33 @@ class Agent:
                     req.targets, req.interval_s, req.timeout_s, req.down_after
                 )
                 return Ok(id=req.id)
+            case ModelManifest() | ModelPrepare() | ModelPrefixHash() | ModelFinalize():
+                return await asyncio.to_thread(_model_request, req)
         raise AssertionError(f"unhandled request {req!r}")
 
     async def _error(self, req_id: int | None, code: str, message: str) -> None:
         await self.emit(ErrorReply(id=req_id, code=code, message=message))
+
+
+def _model_request(
+    req: ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize,
+) -> Message:
+    """The sync requests: blocking file work (hashing), run in a thread."""
+    match req:
+        case ModelManifest():
+            root = model_store.model_path(req.path)
+            if not root.is_dir():
+                raise model_store.StoreError(MODEL_IO, f"{root} is not a directory on this node")
+            manifest, stats = build_manifest(root)
+            return ManifestResult(
+                id=req.id, path=str(root), manifest=manifest, hashed_bytes=stats.hashed_bytes
+            )
+        case ModelPrepare():
+            return model_store.prepare(req)
+        case ModelPrefixHash():
+            return model_store.prefix_hashes(req)
+        case ModelFinalize():
+            return model_store.finalize(req)
 
 
 def _safe_digest(root: Path) -> str | None:

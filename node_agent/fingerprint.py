@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from contract.blas import describe_blas
 from contract.fingerprint import (
     ModelInfo,
     NodeFingerprint,
@@ -70,6 +71,7 @@ def collect_fingerprint(model: str | None, code_digest: str | None) -> NodeFinge
         gpu_wired_limit_mb=guard("gpu_wired_limit", lambda: _wired_limit(unavailable))
         if is_mac
         else None,
+        blas=describe_blas(),
         python=PythonInfo(
             version=platform.python_version(),
             executable=sys.executable,

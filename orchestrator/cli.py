@@ -81,12 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     linktest.add_argument(
         "--timeout-s", type=float, default=120.0, help="end the test after this long"
     )
-    command(
-        "restart",
-        "reset the restart budget and relaunch a failed cluster",
-        _restart,
-        config_optional=True,
-    )
+    restart_help = "reset the restart budget and relaunch a failed cluster"
+    command("restart", restart_help, _restart, config_optional=True)
+    _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
+    sync = command("sync", "copy the model to every node lacking it or holding another", _sync)
+    sync.add_argument("--from", dest="source", metavar="NODE", help="copy from this node's copy")
+    sync.add_argument("--json", action="store_true", help="no progress; print a JSON summary")
     return parser
 
 
@@ -131,6 +131,29 @@ def _linktest(args: argparse.Namespace) -> int:
         as_json=args.json,
         timeout_s=args.timeout_s,
     )
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from orchestrator.provision.sync_command import sync_command
+
+    spec, _warnings = check_cluster_file(args.config)
+    return sync_command(spec, args.config, args.source, args.json)
+
+
+BOOTSTRAP_HELP = "make each node's venv hold this machine's versions (offline nodes too)"
+
+
+def _bootstrap_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--dry-run", action="store_true", help="probe and plan; change nothing")
+    sub.add_argument("--node", action="append", help="only this node (repeatable)")
+    sub.add_argument("--wheel-cache", help="this machine's wheel cache directory")
+
+
+def _bootstrap(args: argparse.Namespace) -> int:
+    from orchestrator.provision.bootstrap import bootstrap
+
+    spec, _warnings = check_cluster_file(args.config)
+    return bootstrap(spec, dry_run=args.dry_run, wheel_cache=args.wheel_cache, only=args.node)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -22,6 +22,8 @@ JACCL_MIN_MACOS = (26, 2)
 # Metal's default working-set cap is roughly this share of RAM unless iogpu.wired_limit_mb is set.
 METAL_DEFAULT_WIRED_SHARE = 0.75
 MAX_SUGGESTED_RANKS = 16
+# Makes a venv on every node with the orchestrator's own versions, from pushed wheels.
+BOOTSTRAP_FIX = "run `orchestrator bootstrap cluster.toml`"
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def _versions(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFail
                     node.name,
                     "versions",
                     f"{package} is not installed for {fingerprint.python.executable}",
-                    f"pip install {package} with that interpreter, or set this node's python",
+                    f"{BOOTSTRAP_FIX}; or pip install {package} with that interpreter",
                 )
         if node.name == reference_name:
             continue
@@ -84,7 +86,9 @@ def _versions(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFail
                     node.name,
                     "versions",
                     f"{field} {theirs} differs from {ours} on {reference_name}",
-                    f"install {field} {ours} on {node.name} (all ranks need the same versions)",
+                    f"{BOOTSTRAP_FIX}: it gives {node.name} a venv with the orchestrator's "
+                    "versions (set [bootstrap] venv or the node's venv first); all ranks need "
+                    "the same versions",
                 )
 
 
@@ -114,13 +118,16 @@ def _model(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure
                 node.name,
                 "model",
                 reason,
-                f"copy the model to {spec.model.path} on {node.name} "
-                "(the same files on every node)",
+                f"run `orchestrator sync cluster.toml` to copy {spec.model.path} there from "
+                "this machine (`--from NODE` from a node), or set `sync = true` in [model]",
             )
             continue
         if model.error:
             yield PreflightFailure(
-                node.name, "model", model.error, "fix or re-copy the model files"
+                node.name,
+                "model",
+                model.error,
+                "fix the files, or re-copy them with `orchestrator sync cluster.toml`",
             )
         digests.setdefault(model.digest or "?", []).append(node.name)
     if len(digests) > 1:
@@ -128,8 +135,9 @@ def _model(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure
         yield PreflightFailure(
             "*",
             "model",
-            f"the model differs between nodes ({groups})",
-            "copy the same model files to every node (rsync -a from one node)",
+            f"the model's files differ between nodes (SHA-256 manifest digests: {groups})",
+            "run `orchestrator sync cluster.toml`: it re-sends only the files that differ "
+            "from this machine's copy (`--from NODE` to take a node's)",
         )
 
 

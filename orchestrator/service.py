@@ -31,6 +31,7 @@ from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.preflight import run_preflight
+from orchestrator.provision.sync_command import sync_before_up
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,
@@ -123,6 +124,8 @@ class Service:
             return False
         if previous is not None:  # a crashed run's ranks, recorded before we overwrote its file
             await end_stale_ranks(pool, previous.ranks)
+        if self.spec.model.sync and not await sync_before_up(self.spec, pool, self.config_path):
+            return False
         self.machine.to(GangState.PREFLIGHT)
         fingerprints = await pool.fingerprint_all()
         failures = run_preflight(self.spec, fingerprints, await self._busy_ports(pool))

@@ -4,11 +4,14 @@ import os
 import sys
 
 from contract.rank_env import STANDBY
+from serving.blas import load_openblas
 from serving.rank.standby import wait_for_go
+
+load_openblas()  # before anything imports mlx.core
 
 if os.environ.get(STANDBY) and not wait_for_go():
     sys.exit(0)
 
-from serving.rank.main import main
+from serving.rank.main import main  # noqa: E402 - after the BLAS is loaded
 
 sys.exit(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from contract import metric_names
@@ -44,6 +45,8 @@ class ServingMetrics:
         self.prefix_cache_tokens = Counter(
             "serving_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache",
             registry=r)
+        self.prefix_cache_hits = Counter(
+            "serving_prefix_cache_hits", "Requests that reused a cached prefix", registry=r)
         self.generation_tokens = Counter(
             metric_names.GENERATION_TOKENS, "Tokens generated", registry=r)
         self.requests_finished = Counter(
@@ -73,3 +76,17 @@ class ServingMetrics:
             "work without step progress means a hang)", registry=r)
         for reason in ("stop", "length"):  # exported at 0 before the first finish
             self.requests_finished.labels(finish_reason=reason)
+        self._memory_gauges(r)
+
+    def _memory_gauges(self, r: CollectorRegistry) -> None:
+        self.prefix_cache_bytes = Gauge(
+            "serving_prefix_cache_bytes", "KV bytes the prefix cache holds (each rank alike)",
+            registry=r)
+        # MLX's own allocator on rank 0: Metal memory on a Mac (what RSS does not show).
+        active = Gauge(
+            "serving_mlx_active_memory_bytes", "Memory held by MLX arrays (rank 0)", registry=r)
+        active.set_function(mx.get_active_memory)
+        peak = Gauge(
+            "serving_mlx_peak_memory_bytes", "Peak memory held by MLX arrays (rank 0)",
+            registry=r)
+        peak.set_function(mx.get_peak_memory)

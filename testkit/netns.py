@@ -14,6 +14,11 @@ per-run prefix; `multi_host()` removes every namespace, link, bridge, route and 
 it made, also when the test fails. Faults (`link_down`, `drop_all`, `shape`) apply to data
 links only, so SSH keeps working while a cable is cut. This machine's kernel has tbf but
 not netem, so loss is "drop every packet" and there is no added delay.
+
+Namespaces share one file system. A host given a `PrivateTmpfs` runs its sshd (and so
+everything started over SSH) in its own mount namespace with a tmpfs of that size at that
+path: hosts then hold different files there (model copies), and a small size makes a
+small disk. `Host.path()` reaches into it from the root namespace (/proc/<sshd>/root).
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ import ipaddress
 import os
 import random
 import secrets
+import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import psutil
 import pytest
@@ -46,6 +52,14 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=30)
 
 
+@dataclass(frozen=True)
+class PrivateTmpfs:
+    """A tmpfs only this host sees, mounted at path (an absolute directory)."""
+
+    path: str
+    size: str = "256m"  # tmpfs size= (bytes, or k/m/g)
+
+
 @dataclass
 class Host:
     index: int
@@ -54,6 +68,12 @@ class Host:
     # Data addresses: switch: {-1: ip}; ring: {peer index: this host's address on that cable}.
     data_ips: dict[int, str] = field(default_factory=dict)
     sshd: subprocess.Popen[bytes] | None = None
+    tmpfs: PrivateTmpfs | None = None
+
+    def path(self, path: str | Path) -> Path:
+        """path as this host sees it (its private tmpfs included), from the root namespace."""
+        assert self.sshd is not None, "the host's sshd is not running"
+        return Path(f"/proc/{self.sshd.pid}/root") / Path(path).relative_to("/")
 
     @property
     def name(self) -> str:
@@ -149,6 +169,15 @@ class MultiHost:
         for ns, dev in self._ends(i, j):
             sh(*_tc(ns), "qdisc", "del", "dev", dev, "root", check=False)
 
+    def shape_mgmt(self, i: int, rate: str | None) -> None:
+        """Limit host i's management link (its SSH) to rate each way; None lifts it."""
+        for ns, dev in ((self.hosts[i].ns, "mgmt"), (None, f"{self.prefix}m{i}")):
+            if rate is None:
+                sh(*_tc(ns), "qdisc", "del", "dev", dev, "root", check=False)
+            else:
+                spec = f"tbf rate {rate} burst 256kb latency 200ms"
+                sh(*_tc(ns), "qdisc", "replace", "dev", dev, "root", *spec.split())
+
     def _qdisc(self, i: int, j: int | None, spec: str) -> None:
         for ns, dev in self._ends(i, j):
             sh(*_tc(ns), "qdisc", "replace", "dev", dev, "root", *spec.split())
@@ -188,14 +217,22 @@ def _free_subnets() -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
     raise RuntimeError("no free 198.18.x.0/24 subnet")
 
 
+TmpfsSpec = PrivateTmpfs | list[PrivateTmpfs | None] | None
+
+
 @contextlib.contextmanager
-def multi_host(count: int, topology: Topology, tmp_dir: Path) -> Iterator[MultiHost]:
-    """`count` hosts joined as `topology`, each running sshd; all removed on exit."""
+def multi_host(
+    count: int, topology: Topology, tmp_dir: Path, tmpfs: TmpfsSpec = None
+) -> Iterator[MultiHost]:
+    """`count` hosts joined as `topology`, each running sshd; all removed on exit.
+    tmpfs: one PrivateTmpfs for every host, or one (or None) per host."""
     prefix = "mco" + secrets.token_hex(2)
     mgmt_net, data_net = _free_subnets()
     tmp_dir.mkdir(parents=True, exist_ok=True)
+    mounts = tmpfs if isinstance(tmpfs, list) else [tmpfs] * count
     hosts = [
-        Host(i, f"{prefix}-h{i}", str(mgmt_net.network_address + i + 1)) for i in range(count)
+        Host(i, f"{prefix}-h{i}", str(mgmt_net.network_address + i + 1), tmpfs=mounts[i])
+        for i in range(count)
     ]
     net = MultiHost(
         prefix, topology, hosts, tmp_dir, tmp_dir / "id_ed25519", tmp_dir / "known_hosts",
@@ -224,6 +261,7 @@ def _build(net: MultiHost) -> None:
     else:
         _ring(net)
     keygen(net.user_key)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
     lines = [_start_sshd(net, host) for host in net.hosts]
     net.known_hosts.write_text("".join(f"{line}\n" for line in lines))
 
@@ -269,9 +307,20 @@ def _start_sshd(net: MultiHost, host: Host) -> str:
     (d / "authorized_keys").write_text(net.user_key.with_suffix(".pub").read_text())
     config = sshd_config(d, host.mgmt_ip, 22)
     log = d / "sshd.log"
+    command = [str(SSHD), "-D", "-e", "-f", str(config)]
+    if host.tmpfs is not None:
+        Path(host.tmpfs.path).mkdir(parents=True, exist_ok=True)  # the mount point
+        mount = f"mount -t tmpfs -o size={shlex.quote(host.tmpfs.size)} tmpfs " + shlex.quote(
+            host.tmpfs.path
+        )
+        # The mount namespace ends with its last process: teardown's kills unmount it.
+        command = [
+            "unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f"{mount} && exec {shlex.join(command)}",
+        ]
     with log.open("wb") as log_file:
         host.sshd = subprocess.Popen(
-            [IP, "netns", "exec", host.ns, str(SSHD), "-D", "-e", "-f", str(config)],
+            [IP, "netns", "exec", host.ns, *command],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -310,7 +359,10 @@ def _kill_all(host: Host) -> None:
 
 
 REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_NETNS"
-HostsFactory = Callable[[int, Topology], MultiHost]
+
+
+class HostsFactory(Protocol):
+    def __call__(self, count: int, topology: Topology, tmpfs: TmpfsSpec = None) -> MultiHost: ...
 
 
 @pytest.fixture
@@ -325,9 +377,11 @@ def netns_hosts(tmp_path: Path) -> Iterator[HostsFactory]:
     with contextlib.ExitStack() as stack:
         made = 0
 
-        def make(count: int, topology: Topology) -> MultiHost:
+        def make(count: int, topology: Topology, tmpfs: TmpfsSpec = None) -> MultiHost:
             nonlocal made
             made += 1
-            return stack.enter_context(multi_host(count, topology, tmp_path / f"hosts{made}"))
+            return stack.enter_context(
+                multi_host(count, topology, tmp_path / f"hosts{made}", tmpfs)
+            )
 
         yield make

@@ -9,7 +9,11 @@ import pytest
 
 from testkit.netns import netns_hosts  # noqa: F401
 from testkit.sshd import sshd  # noqa: F401
-from tests.model_fixtures import bundled_model_dir, tiny_model_dir  # noqa: F401
+from tests.model_fixtures import (  # noqa: F401
+    bundled_model_dir,
+    bundled_quantized_dir,
+    tiny_model_dir,
+)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

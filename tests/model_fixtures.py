@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.blas import find_openblas
 from contract.bundled_models import BUNDLED_PREFIX
 from serving.model.bundled import default_cache_dir, resolve_model
 from testkit.tiny_model import write_tiny_model
@@ -20,12 +21,21 @@ BUNDLED_SPEC = BUNDLED_PREFIX + "smollm2-135m-instruct"
 
 @pytest.fixture(scope="session")
 def bundled_model_dir() -> Path:
-    """The mlx-lm directory of bundled:smollm2-135m-instruct in the shared cache."""
+    """The mlx-lm directory of bundled:smollm2-135m-instruct as ranks here serve it: float32
+    where OpenBLAS is installed (the fast path on CPU), else 4-bit."""
+    return resolve_model(BUNDLED_SPEC, default_cache_dir(), float32=find_openblas() is not None)
+
+
+@pytest.fixture(scope="session")
+def bundled_quantized_dir() -> Path:
+    """The bundled model in its 4-bit form, as Macs serve it."""
     return resolve_model(BUNDLED_SPEC, default_cache_dir())
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path) -> Path:
+def tiny_model_dir(
+    tmp_path_factory: pytest.TempPathFactory, bundled_quantized_dir: Path
+) -> Path:
     """A tiny random Llama (8 heads / 4 KV heads, 2 layers, hidden 64, seed 0)."""
     return write_tiny_model(
         tmp_path_factory.mktemp("tiny-model"), model_cache_dir=default_cache_dir()

@@ -1,27 +1,25 @@
-"""What the node holds for the configured model: path, size, a cheap digest, head counts.
+"""What the node holds for the configured model: path, size, digest, head counts.
 
-The digest never reads the weights: it covers the small files at the top of
-the model directory (config, tokenizer, index, chat template) and each
-`.safetensors` file's name, size and header (8-byte length + JSON header, which
-lists every tensor's dtype, shape and offsets). Two nodes with equal digests
-hold the same model unless a weight byte was altered in place.
+A model directory's digest is its manifest's (contract/model_manifest.py): the SHA-256
+of every file, weights included, each computed once and then taken from the hash cache
+(node_agent/model_hashes.py) while the file is unchanged. Two nodes with equal digests
+hold the same bytes; this is the manifest `orchestrator sync` copies by. A GGUF file
+(the `bundled:` demo model) keeps a digest of its name, size and metadata section.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
 from contract.bundled_models import BUNDLED_PREFIX, ModelResolutionError, bundled_gguf_path
 from contract.fingerprint import ModelConfigInfo, ModelInfo
+from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.probes.gguf import GgufHeader, read_gguf_header
 
-_SMALL_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
-_SMALL_LIMIT = 64 << 20  # a tokenizer.json can be tens of MB; weights never end in these
-_MAX_ST_HEADER = 100 << 20
+DIGEST_CHARS = 16  # shown and compared by preflight; the manifest keeps all 64
 
 
 def inspect_model(spec: str) -> ModelInfo:
@@ -92,23 +90,15 @@ def _gguf_config(header: GgufHeader) -> ModelConfigInfo:
 
 def inspect_model_dir(spec: str, path: Path) -> ModelInfo:
     info = ModelInfo(spec=spec, path=str(path), exists=True, kind="mlx_dir")
-    files = sorted(p for p in path.rglob("*") if p.is_file())
-    info.file_count = len(files)
-    h = hashlib.sha256()
     try:
-        for file in files:
-            size = file.stat().st_size
-            info.total_bytes += size
-            rel = file.relative_to(path).as_posix()
-            if file.suffix == ".safetensors":
-                info.weight_bytes += size
-                h.update(f"{rel}\0{size}\0".encode() + _safetensors_header(file))
-            elif file.parent == path and file.suffix in _SMALL_SUFFIXES and size <= _SMALL_LIMIT:
-                h.update(f"{rel}\0{size}\0".encode() + file.read_bytes())
-    except (OSError, ValueError) as exc:
+        manifest, _stats = build_manifest(path)
+    except ModelFileError as exc:
         info.error = f"cannot read model files: {exc}"
         return info
-    info.digest = h.hexdigest()[:16]
+    info.file_count = len(manifest.files)
+    info.total_bytes = manifest.total_bytes
+    info.weight_bytes = sum(f.size for f in manifest.files if f.path.endswith(".safetensors"))
+    info.digest = manifest.digest()[:DIGEST_CHARS]
     config_path = path / "config.json"
     if not config_path.is_file():
         info.error = f"{config_path} is missing: not an mlx-lm model directory"
@@ -118,17 +108,6 @@ def inspect_model_dir(spec: str, path: Path) -> ModelInfo:
     except (OSError, ValueError) as exc:
         info.error = f"cannot parse {config_path}: {exc}"
     return info
-
-
-def _safetensors_header(file: Path) -> bytes:
-    with file.open("rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{file.name} is too short for a safetensors file")
-        (length,) = struct.unpack("<Q", raw)
-        if length > _MAX_ST_HEADER:
-            raise ValueError(f"{file.name}: implausible safetensors header length {length}")
-        return raw + f.read(length)
 
 
 def _hf_config(config: dict[str, Any]) -> ModelConfigInfo:

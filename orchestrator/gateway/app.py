@@ -9,16 +9,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
+from typing import Any
 
 import httpx
-from litestar import HttpMethod, Litestar, Request, Response, get, route
+from litestar import Litestar, Request, Response, Router, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
+from litestar.params import JSONBody
 from litestar.response import Stream
 
+from contract.openai_schemas import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ModelList,
+)
 from orchestrator.gateway.errors import (
     ApiError,
     ClientGone,
@@ -27,6 +36,7 @@ from orchestrator.gateway.errors import (
     unauthorized,
     unexpected_error_handler,
 )
+from orchestrator.gateway.openapi import BEARER, error_responses, openapi_config, streamed
 from orchestrator.gateway.proxy import Proxy, ProxyResult
 from orchestrator.gateway.view import ClusterView
 from orchestrator.metrics import OrchestratorMetrics
@@ -56,8 +66,8 @@ def _gateway(state: State) -> Gateway:
 
 def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     expected = _gateway(connection.app.state).api_key
-    if expected is None:
-        return
+    if expected is None or connection.scope.get("method") == "OPTIONS":
+        return  # OPTIONS only names the methods (and a CORS preflight never has the key)
     header = connection.headers.get("authorization", "")
     scheme, _space, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given:
@@ -66,22 +76,72 @@ def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise unauthorized("incorrect API key")
 
 
-@route(
-    "/v1/{path:path}",
-    http_method=[HttpMethod.GET, HttpMethod.POST],
-    guards=[require_api_key],
-    request_max_body_size=MAX_BODY_BYTES,
+ChatBody, ChatOperation = streamed(ChatCompletionRequest, ChatCompletionChunk)
+CompletionBody, CompletionOperation = streamed(CompletionRequest, Completion)
+
+
+@post(
+    "/chat/completions",
+    operation_id="createChatCompletion",
+    summary="Create a chat completion",
+    operation_class=ChatOperation,
+    dto=ChatBody,
+    return_dto=None,
+    status_code=200,
+    responses=error_responses(400, 401, 404, 413, 429, 503, 504),
 )
-async def proxy_v1(request: Request, path: str, state: State) -> Response | Stream:
+async def chat_completions(
+    request: Request, state: State, data: JSONBody[ChatCompletionRequest | None] = None
+) -> Response[ChatCompletion]:
+    """A chat completion, whole or streamed; forwarded to rank 0 as sent."""
+    return await _forward(request, state, "/v1/chat/completions")
+
+
+@post(
+    "/completions",
+    operation_id="createCompletion",
+    summary="Create a text completion",
+    operation_class=CompletionOperation,
+    dto=CompletionBody,
+    return_dto=None,
+    status_code=200,
+    responses=error_responses(400, 401, 404, 413, 429, 503, 504),
+)
+async def completions(
+    request: Request, state: State, data: JSONBody[CompletionRequest | None] = None
+) -> Response[Completion]:
+    """A text completion, whole or streamed; forwarded to rank 0 as sent."""
+    return await _forward(request, state, "/v1/completions")
+
+
+@get("/models", operation_id="listModels", summary="List models",
+     responses=error_responses(400, 401, 503))
+async def models(request: Request, state: State) -> Response[ModelList]:
+    """The one model the cluster serves."""
+    return await _forward(request, state, "/v1/models")
+
+
+def v1_router(api_key: bool) -> Router:
+    """OpenAI's routes, each declared so that OPTIONS and 405's Allow name only its methods
+    and the OpenAPI document describes it; unknown /v1 paths are 404 here."""
+    return Router(
+        "/v1",
+        route_handlers=[chat_completions, completions, models],
+        guards=[require_api_key],
+        security=[{BEARER: []}] if api_key else None,
+        request_max_body_size=MAX_BODY_BYTES,
+    )
+
+
+async def _forward(request: Request, state: State, path: str) -> Response[Any]:
+    """The request's own bytes to rank 0 (held through restarts; cancelled if the client
+    leaves), its answer back as it comes: whole, or streamed chunk by chunk."""
     proxy = _gateway(state).proxy
     assert proxy is not None, "the lifespan opens the proxy"
-    if not _plain_path(path):
-        raise ApiError(404, f"no such route: /v1{path}", type="invalid_request_error",
-                       code="not_found")
     body = await request.body()
     headers = dict(request.headers)
     _check_utf8(body, headers)
-    forward = proxy.forward(request.method, f"/v1{path}", request.url.query or "", headers, body)
+    forward = proxy.forward(request.method, path, request.url.query or "", headers, body)
     result = await _unless_client_leaves(request, forward)
     _gateway(state).metrics.responses.labels(status=str(result.status)).inc()
     if result.rest is None:
@@ -104,12 +164,6 @@ def _check_utf8(body: bytes, headers: dict[str, str]) -> None:
         except UnicodeError:
             raise ApiError(400, f"the value of header {name!r} is not UTF-8",
                            type="invalid_request_error", code="invalid_encoding") from None
-
-
-def _plain_path(path: str) -> bool:
-    """Only /v1/... of rank 0 is reachable: no dot segments (decoded or not), no backslash."""
-    segments = unquote(path).split("/")
-    return "\\" not in path and not any(s in (".", "..") for s in segments)
 
 
 async def _unless_client_leaves(request: Request, forward: Awaitable[ProxyResult]) -> ProxyResult:
@@ -141,25 +195,25 @@ async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[byte
         yield chunk
 
 
-@get(["/", "/dashboard"], media_type="text/html")
+@get(["/", "/dashboard"], media_type="text/html", include_in_schema=False)
 async def page() -> bytes:
     """The status page: no key needed to load it; it asks for one when /status wants it."""
     return PAGE
 
 
-@get("/health")
+@get("/health", include_in_schema=False)
 async def health_endpoint(state: State) -> Response:
     view = _gateway(state).view
     body = {"status": view.state.value, "reason": view.reason}
     return Response(body, status_code=200 if view.state == GangState.READY else 503)
 
 
-@get("/status", guards=[require_api_key])
+@get("/status", guards=[require_api_key], include_in_schema=False)
 async def status_endpoint(state: State) -> ClusterStatus:
     return _gateway(state).status()
 
 
-@get("/metrics")
+@get("/metrics", include_in_schema=False)
 async def metrics_endpoint(state: State) -> Response:
     gateway = _gateway(state)
     text = gateway.metrics.render() + await _rank0_metrics(gateway)
@@ -203,7 +257,10 @@ def create_app(
                 gateway.proxy = None
 
     return Litestar(
-        route_handlers=[proxy_v1, page, health_endpoint, status_endpoint, metrics_endpoint],
+        route_handlers=[
+            v1_router(api_key is not None), page, health_endpoint, status_endpoint,
+            metrics_endpoint,
+        ],
         lifespan=[open_proxy],
         state=State({"gateway": gateway}),
         exception_handlers={
@@ -211,6 +268,6 @@ def create_app(
             HTTPException: http_exception_handler,
             Exception: unexpected_error_handler,
         },
-        openapi_config=None,
+        openapi_config=openapi_config(api_key is not None),
         logging_config=None,  # the service configures logging; Litestar must not replace it
     )

@@ -50,12 +50,22 @@ def api_error_handler(request: Request, exc: Exception) -> Response:
     return Response(ErrorEnvelope(exc.body), status_code=exc.status, headers=exc.headers)
 
 
-def http_exception_handler(_: Request, exc: Exception) -> Response:
-    """Litestar's own errors (unknown route, wrong method, body too large) in OpenAI's shape."""
+# Litestar's own client errors, coded as rank 0 codes them.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def http_exception_handler(request: Request, exc: Exception) -> Response:
+    """Litestar's own errors (unknown route, wrong method, body too large) in OpenAI's shape,
+    with their headers (405's Allow)."""
     assert isinstance(exc, HTTPException)
+    headers = exc.headers or {}
+    message = str(exc.detail)
+    if exc.status_code == 405:
+        allowed = headers.get("allow", "")
+        message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
     kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    body = ErrorBody(str(exc.detail), kind)
-    return Response(ErrorEnvelope(body), status_code=exc.status_code, headers=exc.headers or {})
+    body = ErrorBody(message, kind, code=_HTTP_CODES.get(exc.status_code))
+    return Response(ErrorEnvelope(body), status_code=exc.status_code, headers=headers)
 
 
 def unexpected_error_handler(_: Request, exc: Exception) -> Response:

@@ -22,6 +22,7 @@ class NodeStatus(Struct, kw_only=True):
     usage_stale: bool = False  # the agent has been silent too long: figures withheld
     mlx_version: str = ""
     mlx_lm_version: str = ""
+    blas: str = ""
     rdma: str = ""
 
 

@@ -84,6 +84,7 @@ def _fill_from_fingerprint(status: NodeStatus, fingerprint: NodeFingerprint) -> 
     status.os = f"{fingerprint.os.name} {fingerprint.os.version}"
     status.mlx_version = fingerprint.packages.get("mlx") or ""
     status.mlx_lm_version = fingerprint.packages.get("mlx-lm") or ""
+    status.blas = fingerprint.blas
     rdma = fingerprint.rdma
     if rdma is not None:
         active = sum(1 for device in rdma.devices if device.active)

@@ -30,8 +30,8 @@ def render_status(status: ClusterStatus) -> Group:
 
 def _nodes_table(status: ClusterStatus) -> Table:
     table = Table(title="nodes", title_justify="left", expand=False)
-    for column in ("node", "host", "chip", "memory used/total (ranks)", "load", "mlx", "rdma",
-                   "agent"):
+    for column in ("node", "host", "chip", "memory used/total (ranks)", "load", "mlx", "blas",
+                   "rdma", "agent"):
         table.add_column(column)
     for node in status.nodes:
         table.add_row(
@@ -41,10 +41,19 @@ def _nodes_table(status: ClusterStatus) -> Table:
             _memory(node),
             f"{node.load_1m:.1f}" if node.load_1m is not None and not node.usage_stale else "-",
             node.mlx_version or "-",
+            _blas(node.blas),
             node.rdma or "-",
             "[green]up[/]" if node.connected else "[red]down[/]",
         )
     return table
+
+
+def _blas(blas: str) -> str:
+    """The kind only (the fingerprint has the path or the install hint)."""
+    if not blas:
+        return "-"
+    kind = blas.split(" ", 1)[0]
+    return f"[yellow]{kind}[/]" if kind == "reference" else kind
 
 
 def _memory(node: NodeStatus) -> str:

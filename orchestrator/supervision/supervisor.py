@@ -242,10 +242,14 @@ class Supervisor:
     async def _links_ready(self) -> bool:
         """Until every link between ranks answers (True) or a stop request (False): a gang
         launched over a dead cable would only hang in its ring set-up."""
+        counted = False
         while self.links is not None:
             failures = await self.links.check()
             if not failures:
                 break
+            if not counted:  # the relaunch's own preflight: one count per relaunch and link
+                self.metrics.preflight_failures.labels(check="links").inc(len(failures))
+                counted = True
             waiting = "; ".join(f"{f.src} -> {f.dst} {f.address}: {f.error}" for f in failures)
             self.machine.to(self.state, f"waiting for links: {waiting}")
             if await self._stop_within(self._sleep(LINK_RETRY_S)):

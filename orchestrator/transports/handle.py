@@ -176,6 +176,9 @@ class AgentHandle:
             status = None
         tail = "\n  ".join(self._channel.stderr_tail()[-10:]) or "(no output)"
         message = f"the agent exited before its hello (exit status {status}):\n  {tail}"
+        if status == 127:  # the shell found no such program: python, or a venv not made yet
+            message += "\n  its python is missing: `orchestrator bootstrap cluster.toml` makes "
+            message += "a node's venv, or set python to an interpreter the node has"
         self._finish(message, status)
         return TransportError(self.node, ErrorKind.AGENT_START, message)
 

@@ -32,6 +32,9 @@ LostSink = Callable[[str, AgentExit], None]
 
 USAGE_INTERVAL_S = 2.0  # how often each agent reports the node's usage
 USAGE_STALE_S = 10.0  # a report older than this is shown as stale, not as the last number
+# The first fingerprint hashes the whole model on the node (later ones hit its hash cache);
+# a lost agent still fails the request at once, so this only bounds a slow disk.
+FINGERPRINT_TIMEOUT_S = 3600.0
 
 
 @dataclass
@@ -123,7 +126,9 @@ class NodePool:
 
     async def fingerprint_all(self) -> dict[str, NodeFingerprint]:
         async def one(name: str) -> NodeFingerprint:
-            fingerprint = await self.agent(name).fingerprint(self.spec.model.path)
+            fingerprint = await self.agent(name).fingerprint(
+                self.spec.model.path, FINGERPRINT_TIMEOUT_S
+            )
             self.nodes[name].fingerprint = fingerprint
             return fingerprint
 

@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from litestar import Controller, Request, Response, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
-from serving.api.generation import admit, ready
-from serving.api.schemas import (
+from contract.openai_schemas import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatLogprobs,
     Delta,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
+from serving.api.errors import invalid
+from serving.api.generation import Collected, admit, ready
+from serving.api.logprobs import chat_logprobs as logprobs_body
 from serving.api.sse import stream_events, usage_of
 from serving.api.state import ServingState
+from serving.api.tool_calls import ToolCallStream, ToolPlan, plan_tools
 from serving.api.validation import (
+    chat_logprobs,
     chat_messages,
     check_model,
     check_sampling,
@@ -27,6 +38,87 @@ from serving.api.validation import (
     effective_max_tokens,
     stop_list,
 )
+from serving.engine.requests import Finished, TextDelta, TokenLogprob
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: ToolPlan) -> list[int]:
+    """The chat template's tokens; a call that must be made starts in the prompt."""
+    try:
+        prompt = tokenizer.apply_chat_template(
+            messages, tools=tools.tools, add_generation_prompt=True
+        )
+    except Exception as exc:  # jinja2 raises its own errors (raise_exception in templates)
+        raise invalid(f"The chat template refused these messages: {exc}", "messages") from exc
+    if tools.open_call:
+        prompt += tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
+    return list(prompt)
+
+
+def finish_reason(done: Finished, calls: list[ToolCall]) -> str:
+    return "tool_calls" if calls and done.finish_reason == "stop" else done.finish_reason
+
+
+@dataclass
+class ChatAnswer:
+    """Formats one request's events as chat chunks or one completion (ids, logprobs, calls)."""
+
+    rid: str
+    created: int
+    model_id: str
+    tokenizer: Any
+    top: int | None  # logprobs asked for: top tokens per token; None for none
+    calls: ToolCallStream
+    pending: list[TokenLogprob] = field(default_factory=list)  # of text not sent yet
+
+    def logprobs(self, items: list[TokenLogprob]) -> ChatLogprobs | None:
+        return None if self.top is None else logprobs_body(items, self.tokenizer)
+
+    def chunk(self, delta: Delta, finish: str | None = None,
+              lp: ChatLogprobs | None = None) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(0, delta, finish, lp)
+        return ChatCompletionChunk(self.rid, self.created, self.model_id, [choice])
+
+    def first(self) -> ChatCompletionChunk:
+        return self.chunk(Delta(role="assistant", content=""))
+
+    def delta(self, event: TextDelta) -> list[object]:
+        self.pending.extend(event.logprobs)
+        return self._pieces(*self.calls.feed(event.text))
+
+    def final(self, done: Finished) -> list[object]:
+        ending = self.chunk(Delta(), finish_reason(done, self.calls.calls))
+        return [*self._pieces(*self.calls.finish()), ending]
+
+    def usage(self, usage: Usage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(self.rid, self.created, self.model_id, [], usage)
+
+    def _pieces(self, content: str, made: list[ToolCall]) -> list[object]:
+        out: list[object] = []
+        if content:
+            out.append(self.chunk(Delta(content=content), lp=self.logprobs(self.pending)))
+            self.pending = []
+        if made:
+            first = len(self.calls.calls) - len(made)
+            deltas = [
+                ToolCallDelta(first + i, c.id, FunctionCallDelta(c.function.name,
+                                                                 c.function.arguments))
+                for i, c in enumerate(made)
+            ]
+            out.append(self.chunk(Delta(tool_calls=deltas)))
+        return out
+
+    def whole(self, got: Collected) -> ChatCompletion:
+        content, made = self.calls.feed(got.text)
+        rest, more = self.calls.finish()
+        content, made = content + rest, made + more
+        message = AssistantMessage(
+            "assistant", content if content or not made else None, made or None
+        )
+        reason = finish_reason(got.finished, made)
+        choice = ChatChoice(0, message, reason, self.logprobs(got.logprobs))
+        return ChatCompletion(
+            self.rid, self.created, self.model_id, [choice], usage_of(got.finished)
+        )
 
 
 class ChatController(Controller):
@@ -39,30 +131,25 @@ class ChatController(Controller):
         check_model(req, serving.model_id)
         requested = req.max_completion_tokens or req.max_tokens
         check_sampling(req, requested, serving.settings.serving.max_tokens_limit)
+        top = chat_logprobs(req)
         messages = chat_messages(req)
         _, model = ready(serving)
-        prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        tools = plan_tools(req, model.tokenizer)
+        prompt = render_prompt(model.tokenizer, messages, tools)
         max_tokens = effective_max_tokens(requested, serving.settings)
-        admitted = admit(serving, req, list(prompt), max_tokens, stop_list(req))
-        rid, created = f"chatcmpl-{admitted.request_id}", admitted.created
-        model_id = serving.model_id
-
-        def chunk(delta: Delta, finish: str | None = None) -> ChatCompletionChunk:
-            return ChatCompletionChunk(rid, created, model_id, [ChatChunkChoice(0, delta, finish)])
-
-        def usage_chunk(usage: Usage) -> ChatCompletionChunk:
-            return ChatCompletionChunk(rid, created, model_id, [], usage)
-
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            body = stream_events(
-                admitted,
-                first=lambda: chunk(Delta(role="assistant", content="")),
-                delta=lambda text: chunk(Delta(content=text)),
-                final=lambda reason: chunk(Delta(), reason),
-                usage=usage_chunk if include_usage else None,
-            )
-            return Stream(body, media_type="text/event-stream")
-        text, done = await admitted.collect(request)
-        choice = ChatChoice(0, AssistantMessage("assistant", text), done.finish_reason)
-        return Response(ChatCompletion(rid, created, model_id, [choice], usage_of(done)))
+        admitted = admit(serving, req, prompt, max_tokens, stop_list(req), top)
+        answer = ChatAnswer(
+            f"chatcmpl-{admitted.request_id}", admitted.created, serving.model_id,
+            model.tokenizer, top, ToolCallStream(model.tokenizer, tools),
+        )
+        if not req.stream:
+            return Response(answer.whole(await admitted.collect(request)))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        body = stream_events(
+            admitted,
+            first=answer.first,
+            delta=answer.delta,
+            final=answer.final,
+            usage=answer.usage if include_usage else None,
+        )
+        return Stream(body, media_type="text/event-stream")

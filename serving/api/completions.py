@@ -6,18 +6,21 @@ from litestar import Controller, Request, Response, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
+from contract.openai_schemas import Completion, CompletionRequest, TextChoice, Usage
 from serving.api.errors import invalid
 from serving.api.generation import admit, ready
-from serving.api.schemas import Completion, CompletionRequest, TextChoice, Usage
+from serving.api.logprobs import completion_logprobs as logprobs_body
 from serving.api.sse import stream_events, usage_of
 from serving.api.state import ServingState
 from serving.api.validation import (
     check_model,
     check_sampling,
+    completion_logprobs,
     decode_body,
     effective_max_tokens,
     stop_list,
 )
+from serving.engine.requests import Finished, TextDelta
 
 
 def prompt_tokens(req: CompletionRequest, tokenizer: object) -> list[int]:
@@ -41,14 +44,24 @@ class CompletionsController(Controller):
         req = decode_body(await request.body(), CompletionRequest)
         check_model(req, serving.model_id)
         check_sampling(req, req.max_tokens, serving.settings.serving.max_tokens_limit)
+        top = completion_logprobs(req)
         _, model = ready(serving)
         prompt = prompt_tokens(req, model.tokenizer)
         max_tokens = effective_max_tokens(req.max_tokens, serving.settings)
-        admitted = admit(serving, req, prompt, max_tokens, stop_list(req))
+        admitted = admit(serving, req, prompt, max_tokens, stop_list(req), top)
         rid, created, model_id = f"cmpl-{admitted.request_id}", admitted.created, serving.model_id
+        sent = 0  # characters streamed so far: the text offset of the next tokens
 
-        def chunk(text: str, finish: str | None = None) -> Completion:
-            return Completion(rid, created, model_id, [TextChoice(0, text, finish)])
+        def chunk(event: TextDelta) -> list[object]:
+            nonlocal sent
+            lp = None
+            if top is not None:
+                lp = logprobs_body(event.logprobs, model.tokenizer, top, sent)
+            sent += len(event.text)
+            return [Completion(rid, created, model_id, [TextChoice(0, event.text, None, lp)])]
+
+        def final(done: Finished) -> list[object]:
+            return [Completion(rid, created, model_id, [TextChoice(0, "", done.finish_reason)])]
 
         def usage_chunk(usage: Usage) -> Completion:
             return Completion(rid, created, model_id, [], usage)
@@ -59,11 +72,11 @@ class CompletionsController(Controller):
                 admitted,
                 first=None,
                 delta=chunk,
-                final=lambda reason: chunk("", reason),
+                final=final,
                 usage=usage_chunk if include_usage else None,
             )
             return Stream(body, media_type="text/event-stream")
-        text, done = await admitted.collect(request)
-        result = Completion(rid, created, model_id, [TextChoice(0, text, done.finish_reason)])
-        result.usage = usage_of(done)
-        return Response(result)
+        got = await admitted.collect(request)
+        lp = None if top is None else logprobs_body(got.logprobs, model.tokenizer, top)
+        choice = TextChoice(0, got.text, got.finished.finish_reason, lp)
+        return Response(Completion(rid, created, model_id, [choice], usage_of(got.finished)))

@@ -70,7 +70,11 @@ _HTTP_TYPES = {
 def handle_http_exception(_: Request, exc: HTTPException) -> Response[ErrorEnvelope]:
     """Litestar's own errors (unknown route, body too large ...) in OpenAI's shape."""
     err_type, code = _HTTP_TYPES.get(exc.status_code, ("api_error", None))
-    return to_response(OpenAIError(exc.status_code, exc.detail, type=err_type, code=code))
+    # Keep Litestar's headers: a 405's Allow names the methods the route serves.
+    headers = dict(exc.headers or {})
+    return to_response(
+        OpenAIError(exc.status_code, exc.detail, type=err_type, code=code, headers=headers)
+    )
 
 
 def handle_unexpected(_: Request, exc: Exception) -> Response[ErrorEnvelope]:

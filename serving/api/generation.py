@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from litestar import Request
 
 from contract.openai_errors import ENGINE_ERROR, SHUTDOWN, TIMEOUT
+from contract.openai_schemas import ChatCompletionRequest, SamplingFields
 from serving.api.errors import OpenAIError, invalid, queue_full, unavailable
-from serving.api.schemas import SamplingFields
 from serving.api.state import ServedModel, ServingState
-from serving.api.validation import check_context
+from serving.api.validation import check_context, logit_bias_pairs
 from serving.engine.engine import Engine, EngineStopping, QueueFull
 from serving.engine.requests import (
     EventSink,
@@ -25,8 +25,18 @@ from serving.engine.requests import (
     GenerationRequest,
     RequestEvent,
     TextDelta,
+    TokenLogprob,
 )
 from serving.engine.step_plan import SamplingParams
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A whole completion: its text, its tokens' logprobs (when asked for), how it ended."""
+
+    text: str
+    logprobs: list[TokenLogprob]
+    finished: Finished
 
 
 @dataclass
@@ -52,7 +62,7 @@ class Admitted:
             if not finished:
                 self.engine.cancel(self.request_id)
 
-    async def collect(self, request: Request) -> tuple[str, Finished]:
+    async def collect(self, request: Request) -> Collected:
         """Await the whole completion; a client that disconnects cancels it."""
         consumer = asyncio.ensure_future(self._gather())
         watcher = asyncio.ensure_future(_wait_disconnect(request))
@@ -68,15 +78,17 @@ class Admitted:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
 
-    async def _gather(self) -> tuple[str, Finished]:
+    async def _gather(self) -> Collected:
         parts: list[str] = []
+        logprobs: list[TokenLogprob] = []
         async for event in self.events():
             if isinstance(event, TextDelta):
                 parts.append(event.text)
+                logprobs.extend(event.logprobs)
             elif isinstance(event, Failed):
                 raise failure_error(event)
             else:
-                return "".join(parts), event
+                return Collected("".join(parts), logprobs, event)
         raise OpenAIError(500, "generation ended without a result", type="api_error")
 
 
@@ -104,6 +116,7 @@ def admit(
     prompt: list[int],
     max_tokens: int,
     stop: list[str],
+    top_logprobs: int | None = None,
 ) -> Admitted:
     """Check the context budget and hand the request to the engine."""
     engine, model = ready(state)
@@ -111,19 +124,27 @@ def admit(
         raise invalid("The prompt must not be empty", "prompt")
     if min(prompt) < 0 or max(prompt) >= model.vocab_size:
         raise invalid(f"Token ids must be in [0, {model.vocab_size})", "prompt")
-    check_context(len(prompt), max_tokens, model.context_length)
+    param = "messages" if isinstance(fields, ChatCompletionRequest) else "prompt"
+    check_context(len(prompt), max_tokens, model.context_length, param)
     params = SamplingParams(
         temperature=1.0 if fields.temperature is None else fields.temperature,
         top_p=1.0 if fields.top_p is None else fields.top_p,
         top_k=fields.top_k or 0,
         max_tokens=max_tokens,
         seed=random.getrandbits(62) if fields.seed is None else fields.seed % (1 << 62),
+        min_p=fields.min_p or 0.0,
+        repetition_penalty=fields.repetition_penalty or 1.0,
+        presence_penalty=fields.presence_penalty or 0.0,
+        frequency_penalty=fields.frequency_penalty or 0.0,
+        logit_bias=logit_bias_pairs(fields.logit_bias, model.vocab_size),
+        forced=model.forced_output,
     )
     sink = EventSink(asyncio.get_running_loop())
     request_id = uuid.uuid4().hex
     request = GenerationRequest(
         request_id, prompt, params, stop, sink,
         deadline=time.monotonic() + state.settings.serving.request_timeout_s,
+        top_logprobs=top_logprobs,
     )
     try:
         engine.submit(request)

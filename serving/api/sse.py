@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Callable
 
 from contract.openai_errors import DONE_EVENT, sse_error_event
 from contract.openai_errors import sse_event as sse
+from contract.openai_schemas import Usage
 from serving.api.generation import Admitted, failure_error
-from serving.api.schemas import Usage
 from serving.engine.requests import Failed, Finished, TextDelta
 
 
@@ -20,8 +20,8 @@ async def stream_events(
     admitted: Admitted,
     *,
     first: Callable[[], object] | None,
-    delta: Callable[[str], object],
-    final: Callable[[str], object],
+    delta: Callable[[TextDelta], list[object]],
+    final: Callable[[Finished], list[object]],
     usage: Callable[[Usage], object] | None,
 ) -> AsyncIterator[bytes]:
     """Format the engine's events as SSE chunks, ending with `data: [DONE]`.
@@ -36,9 +36,11 @@ async def stream_events(
             yield sse(first())
             first = None
         if isinstance(event, TextDelta):
-            yield sse(delta(event.text))
+            for chunk in delta(event):
+                yield sse(chunk)
         elif isinstance(event, Finished):
-            yield sse(final(event.finish_reason))
+            for chunk in final(event):
+                yield sse(chunk)
             if usage is not None:
                 yield sse(usage(usage_of(event)))
         elif isinstance(event, Failed):

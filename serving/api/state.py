@@ -16,6 +16,7 @@ class ServedModel:
     tokenizer: Any  # mlx-lm TokenizerWrapper
     context_length: int
     vocab_size: int
+    forced_output: list[int] = field(default_factory=list)  # rank_env.FORCED_OUTPUT's tokens
 
 
 @dataclass

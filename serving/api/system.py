@@ -6,7 +6,8 @@ from litestar import Controller, Response, get
 from litestar.datastructures import State
 from prometheus_client import generate_latest
 
-from serving.api.schemas import HealthBody, ModelCard, ModelList
+from contract.openai_schemas import ModelCard, ModelList
+from serving.api.schemas import HealthBody
 from serving.api.state import ServingState
 
 

@@ -2,36 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, TypeVar
 
 import msgspec
 
+from contract.openai_schemas import ChatCompletionRequest, ChatMessage, SamplingFields, ToolCall
 from contract.settings import RankSettings
 from serving.api.errors import OpenAIError, invalid, model_not_found
-from serving.api.schemas import ChatCompletionRequest, ChatMessage, SamplingFields
 
 T = TypeVar("T", bound=SamplingFields)
 ROLES = ("system", "user", "assistant", "developer", "tool")
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
-# Fields clients send; honoured only with these (neutral) values for now.
+# Fields clients send that this server honours only with these (neutral) values.
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "logit_bias": (None, {}),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "min_p": (None, 0, 0.0),
     "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None, True, False),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
 }
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 
 
 def decode_body(raw: bytes, kind: type[T]) -> T:
@@ -82,9 +75,69 @@ def check_sampling(req: SamplingFields, max_tokens: int | None, limit: int) -> N
         raise invalid(f"top_p must be in (0, 1], got {req.top_p}", "top_p")
     if req.top_k is not None and req.top_k < 0:
         raise invalid(f"top_k must be >= 0, got {req.top_k}", "top_k")
+    _check_range("presence_penalty", req.presence_penalty, -2.0, 2.0)
+    _check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
+    _check_range("repetition_penalty", req.repetition_penalty, 0.0, 10.0)
+    if req.repetition_penalty == 0:
+        raise invalid("repetition_penalty must be > 0 (1 means none)", "repetition_penalty")
+    _check_range("min_p", req.min_p, 0.0, 1.0)
+    _check_logit_bias(req.logit_bias)
     stops = stop_list(req)
     if len(stops) > 4 or any(not s for s in stops):
         raise invalid("stop must be up to 4 non-empty strings", "stop")
+
+
+def _check_range(field: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not low <= value <= high:
+        raise invalid(f"{field} must be in [{low:g}, {high:g}], got {value}", field)
+
+
+def _check_logit_bias(bias: dict[str, float] | None) -> None:
+    if not bias:
+        return
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise invalid(f"logit_bias may hold up to {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    for key, value in bias.items():
+        if not key.isdigit():
+            raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+        if not -100 <= value <= 100:
+            raise invalid(
+                f"logit_bias values must be in [-100, 100], got {value} for {key}", "logit_bias"
+            )
+
+
+def logit_bias_pairs(bias: dict[str, float] | None, vocab_size: int) -> list[tuple[int, float]]:
+    pairs = [(int(key), float(value)) for key, value in (bias or {}).items()]
+    if any(token >= vocab_size for token, _ in pairs):
+        raise invalid(f"logit_bias token ids must be below {vocab_size}", "logit_bias")
+    return pairs
+
+
+def chat_logprobs(req: ChatCompletionRequest) -> int | None:
+    """How many top tokens to report per token (0: the token's only), or None for none."""
+    if req.logprobs not in (None, True, False):
+        raise invalid("logprobs must be a boolean for chat completions", "logprobs")
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return _top_count("top_logprobs", req.top_logprobs or 0)
+
+
+def completion_logprobs(req: SamplingFields) -> int | None:
+    if req.top_logprobs is not None:
+        raise invalid("top_logprobs is for chat completions; use logprobs: N", "top_logprobs")
+    if req.logprobs is None:
+        return None
+    if isinstance(req.logprobs, bool):
+        raise invalid("logprobs must be an integer (top tokens per token)", "logprobs")
+    return _top_count("logprobs", req.logprobs)
+
+
+def _top_count(field: str, value: int) -> int:
+    if not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise invalid(f"{field} must be between 0 and {MAX_TOP_LOGPROBS}, got {value}", field)
+    return value
 
 
 def stop_list(req: SamplingFields) -> list[str]:
@@ -113,20 +166,42 @@ def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
     else:
         text = msg.content or ""
     role = "system" if msg.role == "developer" else msg.role
-    return {"role": role, "content": text}
+    message: dict[str, Any] = {"role": role, "content": text}
+    if msg.tool_calls:
+        message["tool_calls"] = [_template_call(index, j, c) for j, c in enumerate(msg.tool_calls)]
+    if msg.tool_call_id is not None:
+        message["tool_call_id"] = msg.tool_call_id
+    if msg.name is not None:
+        message["name"] = msg.name
+    return message
+
+
+def _template_call(index: int, j: int, call: ToolCall) -> dict[str, Any]:
+    """A call as chat templates expect it: arguments as a mapping, not JSON text."""
+    try:
+        arguments = json.loads(call.function.arguments)
+    except ValueError as exc:
+        raise invalid(
+            f"arguments must be JSON text: {exc}",
+            f"messages[{index}].tool_calls[{j}].function.arguments",
+        ) from exc
+    function = {"name": call.function.name, "arguments": arguments}
+    return {"id": call.id, "type": call.type, "function": function}
 
 
 def effective_max_tokens(requested: int | None, settings: RankSettings) -> int:
     return settings.serving.max_tokens_default if requested is None else requested
 
 
-def check_context(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+def check_context(
+    prompt_tokens: int, max_tokens: int, context_length: int, param: str = "messages"
+) -> None:
     if prompt_tokens + max_tokens > context_length:
         raise OpenAIError(
             400,
             f"This model's maximum context length is {context_length} tokens. However, you "
             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
             f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
-            param="messages",
+            param=param,
             code="context_length_exceeded",
         )

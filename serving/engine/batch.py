@@ -16,7 +16,7 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
-from serving.engine.sampling import make_request_sampler
+from serving.engine.sampling import make_request_processors, make_request_sampler
 from serving.engine.step_plan import Insert
 
 _MASK63 = (1 << 63) - 1
@@ -27,6 +27,7 @@ class TokenEvent:
     uid: int
     token: int
     finish_reason: str | None  # "stop" (EOS) / "length" (max_tokens) / None
+    logprobs: mx.array | None = None  # over the vocabulary, after the logits processors
 
 
 def digest_ints(values: list[int]) -> int:
@@ -46,8 +47,10 @@ class MirroredBatch:
         max_batch_size: int,
         prefill_step_size: int,
         prompt_cache_size: int = 0,
+        prompt_cache_bytes: int = 1 << 62,
     ) -> None:
         self.vocab_size = vocab_size
+        self.eos_token_id = min(eos_token_ids, default=0)  # what a forced output ends with
         self.generator = BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(eos_token_ids)],
@@ -55,13 +58,19 @@ class MirroredBatch:
             prefill_batch_size=min(max_batch_size, 8),
             prefill_step_size=prefill_step_size,
         )
-        self.active: dict[int, None] = {}  # live uids, in insertion order
-        # Prefix cache of finished sequences' KV (this rank's shard). Bounded by entry
-        # count only: byte sizes can differ between ranks, eviction must not.
+        # Live uids in insertion order -> prompt tokens each reused from the prefix cache.
+        self.active: dict[int, int] = {}
+        # Prefix cache of finished sequences' KV (this rank's shard). Every rank inserts,
+        # looks up and evicts alike: the same entries in the same order, each the same size
+        # (KV heads split evenly), under the same byte bound (agreed at start-up). What each
+        # insert reused is in the batch fingerprint, so a rank that decided otherwise is a
+        # desync at the next plan.
         self.prompt_cache = (
-            LRUPromptCache(max_size=prompt_cache_size) if prompt_cache_size else None
+            LRUPromptCache(max_size=prompt_cache_size, max_bytes=prompt_cache_bytes)
+            if prompt_cache_size and prompt_cache_bytes else None
         )
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (for logs/metrics)
+        self.cache_hits = 0  # inserts that reused at least one token
 
     @property
     def stream(self) -> mx.Stream:
@@ -84,8 +93,11 @@ class MirroredBatch:
             caches=caches,
             all_tokens=[done for _, _, done in reuse],
             samplers=[make_request_sampler(ins.params, self.vocab_size) for ins in inserts],
+            logits_processors=[
+                make_request_processors(ins.params, self.eos_token_id) for ins in inserts
+            ],
         )
-        self.active.update(dict.fromkeys(uids))
+        self.active.update(zip(uids, (len(done) for _, _, done in reuse), strict=True))
         return uids
 
     def _reuse(self, prompt: list[int]) -> tuple[list[Any] | None, list[int], list[int]]:
@@ -102,15 +114,21 @@ class MirroredBatch:
             rest = prompt[-1:]
         done = prompt[: len(prompt) - len(rest)]
         self.cached_tokens += len(done)
+        self.cache_hits += 1
         return cache, rest, done
 
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return self.prompt_cache.nbytes if self.prompt_cache is not None else 0
+
     def fingerprint(self, perturb: bool = False) -> int:
-        """Digest of the batch composition: the live uids in insertion order.
+        """Digest of the batch composition: the live uids in insertion order, each with the
+        prompt tokens it reused from the prefix cache.
 
         Kept from our own bookkeeping, not BatchGenerator internals; a divergence inside
         the generator shows up in the next plan's token digest instead.
         """
-        parts = list(self.active)
+        parts = [value for item in self.active.items() for value in item]
         if perturb:  # fault injection: this rank now believes in a phantom sequence
             parts.append(-2)
         return digest_ints(parts)
@@ -118,7 +136,9 @@ class MirroredBatch:
     def step(self) -> list[TokenEvent]:
         """One engine step: decode the running sequences, prefill newly inserted ones."""
         _, responses = self.generator.next()
-        events = [TokenEvent(r.uid, int(r.token), r.finish_reason) for r in responses]
+        events = [
+            TokenEvent(r.uid, int(r.token), r.finish_reason, r.logprobs) for r in responses
+        ]
         for r in responses:
             if r.finish_reason is not None:
                 self.active.pop(r.uid, None)

@@ -78,6 +78,7 @@ class Engine:
         self._last_digest = 0  # of the tokens of step _last_step_done
         self._last_step_done = 0
         metrics.pending.set_function(lambda: self.pending)
+        metrics.prefix_cache_bytes.set_function(lambda: batch.prompt_cache_bytes)
 
     # -- called from the event loop -------------------------------------------------
     def submit(self, request: GenerationRequest) -> None:
@@ -238,9 +239,10 @@ class Engine:
         self._metrics.requests_running.set(len(self._running))
 
     def _apply(self, planned: PlannedStep) -> None:
-        cached_before = self._batch.cached_tokens
+        cached_before, hits_before = self._batch.cached_tokens, self._batch.cache_hits
         uids = self._batch.apply(planned.plan.inserts, planned.plan.removes)
         self._metrics.prefix_cache_tokens.inc(self._batch.cached_tokens - cached_before)
+        self._metrics.prefix_cache_hits.inc(self._batch.cache_hits - hits_before)
         for uid, request in zip(uids, planned.admitted, strict=True):
             self._running[uid] = RunningRequest(request, self._tokenizer, self._metrics)
             self._metrics.prompt_tokens.inc(len(request.prompt))
@@ -273,7 +275,7 @@ class Engine:
             running = self._running.get(event.uid)
             if running is None:
                 continue  # removed on rank 0 already; the plan told the workers
-            running.on_token(event.token, event.finish_reason)
+            running.on_token(event.token, event.finish_reason, event.logprobs)
             if event.finish_reason is not None:
                 del self._running[event.uid]  # BatchGenerator dropped it on every rank
 

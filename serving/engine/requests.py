@@ -11,8 +11,18 @@ from serving.engine.step_plan import SamplingParams
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability, and the `top` most likely (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens behind this text, when asked for
 
 
 @dataclass(frozen=True)
@@ -53,4 +63,5 @@ class GenerationRequest:
     stop: list[str]
     sink: EventSink
     deadline: float  # time.monotonic() after which the request fails with "timeout"
+    top_logprobs: int | None = None  # None: no logprobs; n: each token's and the top n
     created: float = field(default_factory=time.monotonic)

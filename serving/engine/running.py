@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from serving.engine.requests import Finished, GenerationRequest, TextDelta
+import mlx.core as mx
+
+from serving.engine.requests import Finished, GenerationRequest, TextDelta, TokenLogprob
 from serving.metrics import ServingMetrics
 
 
@@ -22,13 +24,16 @@ class RunningRequest:
         self._longest_stop = max((len(s) for s in request.stop), default=0)
         self._completion_tokens = 0
         self._last_token_at: float | None = None
+        self._logprobs: list[TokenLogprob] = []  # of tokens whose text is not sent yet
 
-    def on_token(self, token: int, finish_reason: str | None) -> None:
+    def on_token(self, token: int, finish_reason: str | None, logprobs: mx.array | None) -> None:
         if self.done:
             return
         self._observe_timing()
         self._completion_tokens += 1
         if finish_reason != "stop":  # "stop" from the generator means an EOS token: no text
+            if self.request.top_logprobs is not None and logprobs is not None:
+                self._logprobs.append(token_logprob(token, logprobs, self.request.top_logprobs))
             self._detokenizer.add_token(token)
             self._text += self._detokenizer.last_segment
         if finish_reason is not None:
@@ -61,8 +66,9 @@ class RunningRequest:
 
     def _flush(self, upto: int) -> None:
         if upto > self._sent:
-            self.request.sink.push(TextDelta(self._text[self._sent : upto]))
+            self.request.sink.push(TextDelta(self._text[self._sent : upto], tuple(self._logprobs)))
             self._sent = upto
+            self._logprobs = []
 
     def _finish(self, reason: str, upto: int) -> None:
         self._flush(upto)
@@ -71,3 +77,16 @@ class RunningRequest:
         self.request.sink.push(usage)
         self._metrics.e2e_latency.observe(time.monotonic() - self.request.created)
         self._metrics.requests_finished.labels(finish_reason=reason).inc()
+
+
+def token_logprob(token: int, logprobs: mx.array, top: int) -> TokenLogprob:
+    """The token's log probability and the `top` most likely tokens, best first."""
+    chosen = float(logprobs[token].item())  # type: ignore[arg-type]
+    if top <= 0:
+        return TokenLogprob(token, chosen)
+    ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
+    ranked: list[tuple[int, float]] = sorted(
+        zip(ids.tolist(), logprobs[ids].tolist(), strict=True),  # type: ignore[arg-type]
+        key=lambda pair: -pair[1],
+    )
+    return TokenLogprob(token, chosen, tuple((int(i), float(v)) for i, v in ranked))

@@ -38,6 +38,14 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
     top_k: int
     max_tokens: int
     seed: int  # rank 0 draws one when the client gives none, so all ranks sample alike
+    # Logits processors and filters travel in the plan: every rank applies the same ones,
+    # so the logits every rank samples from stay identical.
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: list[tuple[int, float]] = []  # (token id, bias), in the client's order
+    forced: list[int] = []  # test aid (serving/faults.py): tokens to emit, then EOS
 
 
 class Insert(msgspec.Struct, frozen=True, array_like=True):

@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from contract.bundled_models import (
     bundled_gguf_path,
     known_bundled_specs,
 )
-from serving.model.gguf_convert import CONVERTER_VERSION
+from serving.model.gguf_convert import CONVERTER_VERSION, convert_gguf, dequantize_dir
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,19 @@ def bundled_model_cache_path(name: str, cache_dir: Path | None = None) -> Path:
     return _target(name, bundled_model_digest(name), cache_dir)
 
 
-def prepare_bundled_model(name: str, cache_dir: Path | None = None) -> PreparedModel:
-    """Convert bundled model `name` into the cache unless a complete conversion is there."""
+def prepare_bundled_model(
+    name: str, cache_dir: Path | None = None, float32: bool = False
+) -> PreparedModel:
+    """Convert bundled model `name` into the cache unless a complete conversion is there;
+    `float32`: its dequantized copy (made from the quantized conversion)."""
     gguf = bundled_gguf_path(name)
     digest = file_sha256(gguf)
     target = _target(name, digest, cache_dir)
+    source: Path = gguf
+    convert: Callable[[Path, Path], None] = convert_gguf
+    if float32:
+        source = prepare_bundled_model(name, cache_dir).path
+        target, convert = target.with_name(f"{target.name}-f32"), dequantize_dir
     cache = target.parent
     if _is_complete(target):
         return PreparedModel(target, converted=False)
@@ -94,15 +102,16 @@ def prepare_bundled_model(name: str, cache_dir: Path | None = None) -> PreparedM
         # Another process may have finished the conversion while we waited.
         if _is_complete(target):
             return PreparedModel(target, converted=False)
-        _convert_into(gguf, digest, target)
+        _convert_into(source, digest, target, convert)
     return PreparedModel(target, converted=True)
 
 
-def resolve_model(spec: str, cache_dir: Path | None = None) -> Path:
+def resolve_model(spec: str, cache_dir: Path | None = None, float32: bool = False) -> Path:
     """The mlx-lm model directory for `spec`: `bundled:<name>` (converted once into the
-    cache) or an existing local model directory."""
+    cache; `float32`: dequantized) or an existing local model directory (as it is)."""
     if spec.startswith(BUNDLED_PREFIX):
-        return prepare_bundled_model(spec.removeprefix(BUNDLED_PREFIX), cache_dir).path
+        name = spec.removeprefix(BUNDLED_PREFIX)
+        return prepare_bundled_model(name, cache_dir, float32).path
     path = Path(spec).expanduser().resolve()
     if not path.exists():
         raise ModelPathError(
@@ -140,25 +149,25 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def _convert_into(gguf: Path, digest: str, target: Path) -> None:
+def _convert_into(
+    source: Path, digest: str, target: Path, convert: Callable[[Path, Path], None]
+) -> None:
     """Convert into a temporary sibling of `target`, then rename it into place.
 
     Called with the lock held, so leftovers of a crashed conversion can be removed."""
-    from serving.model.gguf_convert import convert_gguf
-
     cache = target.parent
     for stale in cache.glob(f".{target.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if target.exists():  # a directory without its marker: not ours to trust
         shutil.rmtree(target)
-    log.info("converting %s into %s", gguf, target)
+    log.info("converting %s into %s", source, target)
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache))
     work.chmod(0o755)  # mkdtemp makes it private; the model is not a secret
     try:
-        convert_gguf(gguf, work)
+        convert(source, work)
         marker = {
-            "source": str(gguf),
+            "source": str(source),
             "sha256": digest,
             "converter_version": CONVERTER_VERSION,
             "seconds": round(time.monotonic() - started, 3),

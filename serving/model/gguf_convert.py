@@ -175,3 +175,27 @@ def _weight_index(weights: dict[str, mx.array]) -> dict[str, Any]:
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
     path.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def dequantize_dir(source: Path, dest: Path) -> None:
+    """Write a float32 copy of the converted model `source` into `dest` (for a CPU with
+    an optimized BLAS, where float32 matmuls beat MLX's quantized ones many times over)."""
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import dequantize_model, load_model
+
+    model, config = load_model(source)
+    dequantize_model(model)
+    flat: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    weights = {name: array.astype(mx.float32) for name, array in flat}
+    mx.save_safetensors(str(dest / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
+    for key in ("quantization", "quantization_config"):
+        config.pop(key, None)
+    config["torch_dtype"] = "float32"
+    _write_json(dest / "config.json", config)
+    _write_json(dest / f"{WEIGHTS_FILE}.index.json", _weight_index(weights))
+    for path in source.iterdir():  # the tokenizer files
+        if not path.name.startswith(("config.json", "model.safetensors", "conversion.json")):
+            shutil.copyfile(path, dest / path.name)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +13,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from contract.blas import INSTALL_HINT
 from contract.bundled_models import BUNDLED_PREFIX
 from contract.settings import RankSettings
+from serving.blas import loaded_openblas
 from serving.distributed import is_peer_lost
 
 log = logging.getLogger(__name__)
@@ -31,8 +35,9 @@ class LoadedModel:
     path: Path
 
 
-def resolve(settings: RankSettings) -> Path:
-    """A local model directory as is; a `bundled:` spec converted once into the cache."""
+def resolve(settings: RankSettings, float32: bool = False) -> Path:
+    """A local model directory as is; a `bundled:` spec converted once into the cache
+    (`float32`: dequantized, for an optimized BLAS)."""
     if not settings.model.path.startswith(BUNDLED_PREFIX):
         path = Path(settings.model.path).expanduser()
         if not (path / "config.json").is_file():
@@ -42,14 +47,32 @@ def resolve(settings: RankSettings) -> Path:
 
     cache = Path(settings.model_cache_dir).expanduser() if settings.model_cache_dir else None
     try:
-        return resolve_model(settings.model.path, cache_dir=cache)
+        return resolve_model(settings.model.path, cache_dir=cache, float32=float32)
     except Exception as exc:
         raise ModelLoadError(f"cannot resolve model {settings.model.path!r}: {exc}") from exc
 
 
+def _bundled_as_float32(settings: RankSettings, group: mx.distributed.Group) -> bool:
+    """Whether to serve the bundled model in float32: when every rank has OpenBLAS loaded
+    (a collective: every rank must load the same weights)."""
+    blas = loaded_openblas()
+    if blas:
+        log.info("BLAS: OpenBLAS %s, %s threads", blas, os.environ.get("OPENBLAS_NUM_THREADS"))
+    elif sys.platform == "linux":
+        log.warning("BLAS: MLX's reference BLAS (slow float32 matmuls); for the bundled "
+                    "model's fast path: %s", INSTALL_HINT)
+    if not settings.model.path.startswith(BUNDLED_PREFIX):
+        return False
+    everywhere = bool(blas)
+    if group.size() > 1:
+        votes = mx.distributed.all_min(mx.array(int(everywhere)), group=group)
+        everywhere = bool(votes.item())
+    return everywhere
+
+
 def load(settings: RankSettings, group: mx.distributed.Group) -> LoadedModel:
     """Load (and shard) the model; logs what this rank loaded and how long it took."""
-    path = resolve(settings)
+    path = resolve(settings, float32=_bundled_as_float32(settings, group))
     started = time.monotonic()
     try:
         if group.size() > 1:

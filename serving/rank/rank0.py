@@ -22,6 +22,7 @@ import uvicorn
 
 from contract.exit_codes import RankExit
 from contract.openai_errors import ENGINE_ERROR
+from contract.rank_env import FORCED_OUTPUT
 from contract.settings import RankSettings
 from serving.api.app import create_app
 from serving.api.state import ServedModel, ServingState
@@ -84,7 +85,7 @@ class Rank0:
     def _load_and_run(self) -> int:
         group = self.group
         loaded = load_and_sync(self.settings, group, self.faults)
-        batch = make_batch(self.settings, loaded)
+        batch = make_batch(self.settings, loaded, group)
         channel = PlanChannel(group, batch.stream) if group.size() > 1 else None
         engine = Engine(
             batch, channel, loaded.tokenizer,
@@ -97,7 +98,12 @@ class Rank0:
         )
         self.peer_watch.before_exit = lambda: engine.fail_all(
             f"engine failed: {RankExit.PEER_LOST.meaning}", ENGINE_ERROR)
-        info = ServedModel(loaded.tokenizer, loaded.context_length, loaded.vocab_size)
+        forced = os.environ.get(FORCED_OUTPUT)
+        info = ServedModel(
+            loaded.tokenizer, loaded.context_length, loaded.vocab_size,
+            forced_output=loaded.tokenizer.encode(forced, add_special_tokens=False)
+            if forced else [],
+        )
         self.state.set_ready(engine, info)
         if self.stop_requested.is_set():
             engine.begin_stop(0)

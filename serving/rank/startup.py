@@ -7,6 +7,7 @@ import logging
 import os
 
 import mlx.core as mx
+import psutil
 
 from contract.exit_codes import RankExit
 from contract.settings import RankSettings
@@ -16,6 +17,7 @@ from serving.faults import FaultPlan
 from serving.model.loading import LoadedModel, ModelLoadError, load
 
 log = logging.getLogger("serving.rank")
+DEFAULT_CACHE_SHARE = 0.25  # of the memory available once the weights are loaded
 
 
 class DistributedInitError(Exception):
@@ -43,7 +45,9 @@ def load_and_sync(
     return loaded
 
 
-def make_batch(settings: RankSettings, loaded: LoadedModel) -> MirroredBatch:
+def make_batch(
+    settings: RankSettings, loaded: LoadedModel, group: mx.distributed.Group
+) -> MirroredBatch:
     serving = settings.serving
     return MirroredBatch(
         loaded.model,
@@ -52,7 +56,22 @@ def make_batch(settings: RankSettings, loaded: LoadedModel) -> MirroredBatch:
         serving.max_batch_size,
         serving.prefill_step_size,
         serving.prompt_cache_size,
+        prompt_cache_bytes(settings, group),
     )
+
+
+def prompt_cache_bytes(settings: RankSettings, group: mx.distributed.Group) -> int:
+    """The prefix cache's byte bound, equal on every rank (a collective: all ranks call it)."""
+    if settings.serving.prompt_cache_gb is not None:
+        return int(settings.serving.prompt_cache_gb * 1e9)
+    mine = psutil.virtual_memory().available * DEFAULT_CACHE_SHARE
+    if group.size() == 1:
+        return int(mine)
+    # float32 holds it to ~7 digits: plenty, and every rank gets the very same value.
+    agreed = mx.distributed.all_min(mx.array(mine / 1e6, dtype=mx.float32), group=group)
+    bound = int(float(agreed.item()) * 1e6)  # type: ignore[arg-type]
+    log.info("prefix cache bound %.2f GB on every rank", bound / 1e9)
+    return bound
 
 
 def exit_for(exc: BaseException) -> RankExit:

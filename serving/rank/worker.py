@@ -50,7 +50,7 @@ def run_worker_rank(settings: RankSettings, env: DistributedEnv, faults: FaultPl
     try:
         group = join_group(env)
         loaded = load_and_sync(settings, group, faults)
-        batch = make_batch(settings, loaded)
+        batch = make_batch(settings, loaded, group)
         channel = PlanChannel(group, batch.stream)
         return run_worker(batch, channel, faults, settings.serving.keepalive_s)
     except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -90,12 +91,17 @@ def test_missing_path_and_non_model_dir(tmp_path: Path) -> None:
     assert empty.exists and "config.json" in (empty.error or "")
 
 
-def test_corrupt_safetensors_is_reported(tmp_path: Path) -> None:
-    """A truncated weights file becomes an error message in the fingerprint."""
+def test_digest_covers_every_weight_byte(tmp_path: Path) -> None:
+    """One weight byte changed in place (size and mtime kept) changes the digest."""
     model = make_model(tmp_path / "m")
-    (model / "model-00001-of-00002.safetensors").write_bytes(b"\x01")
-    info = inspect_model(str(model))
-    assert info.digest is None and "too short" in (info.error or "")
+    digest = inspect_model(str(model)).digest
+    weights = model / "model-00002-of-00002.safetensors"
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert inspect_model(str(model)).digest != digest
 
 
 def bundled_gguf() -> Path:

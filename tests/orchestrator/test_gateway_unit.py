@@ -154,10 +154,11 @@ async def test_a_request_held_during_a_restart_goes_to_the_next_gang(
     view = FakeView()
     view.to(GangState.RESTARTING)
     client, _ = gateway(view, ok)
-    # The test client blocks this loop while a request runs: the gang gets ready meanwhile.
-    threading.Timer(0.3, view.to, (GangState.READY, "l2")).start()
     async with client:
+        # The test client blocks this loop while a request runs: the gang gets ready meanwhile
+        # (timed from here: starting the client can take longer than the wait on a busy machine).
         started = time.monotonic()
+        threading.Timer(0.3, view.to, (GangState.READY, "l2")).start()
         reply = await client.post("/v1/completions", json=BODY)
     assert time.monotonic() - started >= 0.3
     assert reply.status_code == 200 and reply.json() == {"served_by": "rank0-l2"}
@@ -268,3 +269,63 @@ async def test_an_unknown_route_is_404_in_openai_shape(gateway: Callable[..., An
         reply = await client.get("/nope")
     assert reply.status_code == 404
     assert reply.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("POST", "/v1/models", "GET"), ("GET", "/v1/chat/completions", "POST"),
+     ("DELETE", "/v1/completions", "POST")],
+)
+async def test_a_wrong_method_is_405_with_allow_and_never_reaches_rank_0(
+    gateway: Callable[..., Any], method: str, path: str, allowed: str
+) -> None:
+    """405 in OpenAI's shape, code method_not_allowed, Allow naming the route's methods."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return ok(request)
+
+    client, _ = gateway(FakeView(), handler, api_key=KEY)
+    async with client:
+        reply = await client.request(method, path, headers={"Authorization": f"Bearer {KEY}"})
+    assert reply.status_code == 405 and not seen
+    assert {m.strip() for m in reply.headers["allow"].split(",")} == {allowed, "OPTIONS"}
+    error = reply.json()["error"]
+    assert error["code"] == "method_not_allowed" and allowed in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"), [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
+                          ("/v1/models", "GET")],
+)
+async def test_options_advertises_only_the_methods_the_route_serves(
+    gateway: Callable[..., Any], path: str, allowed: str
+) -> None:
+    """OPTIONS (no key needed: it names methods only) lists the route's method and OPTIONS;
+    each method it lists is then not a 405."""
+    client, _ = gateway(FakeView(), ok, api_key=KEY)
+    async with client:
+        reply = await client.options(path)
+        assert reply.status_code == 204
+        methods = {m.strip() for m in reply.headers["allow"].split(",")}
+        assert methods == {allowed, "OPTIONS"}
+        for method in methods - {"OPTIONS"}:
+            answer = await client.request(method, path, json=BODY,
+                                          headers={"Authorization": f"Bearer {KEY}"})
+            assert answer.status_code == 200
+
+
+async def test_an_unknown_v1_route_is_404_from_the_gateway(gateway: Callable[..., Any]) -> None:
+    """Only OpenAI's routes are forwarded; another /v1 path is a 404 coded not_found."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return ok(request)
+
+    client, _ = gateway(FakeView(), handler)
+    async with client:
+        reply = await client.post("/v1/embeddings", json=BODY)
+    assert reply.status_code == 404 and not seen
+    assert reply.json()["error"]["code"] == "not_found"

@@ -32,14 +32,17 @@ class Serving:
     def __init__(self, net: MultiHost, url: str, model: str, orchestrator: Orchestrator) -> None:
         self.net, self.url, self.model, self.orchestrator = net, url, model, orchestrator
 
-    def restarts(self) -> dict[str, float]:
+    def counts(self, name: str, label: str) -> dict[str, float]:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         return {
-            sample.labels["cause"]: sample.value
+            sample.labels[label]: sample.value
             for family in text_string_to_metric_families(text)
             for sample in family.samples
-            if sample.name == "orchestrator_restarts_total"
+            if sample.name == name
         }
+
+    def restarts(self) -> dict[str, float]:
+        return self.counts("orchestrator_restarts_total", "cause")
 
 
 @pytest.fixture
@@ -82,6 +85,9 @@ def test_a_cut_link_restarts_the_gang_once_it_is_back(serving: Serving, kind: st
     }[kind]
     load, applied, served = under_load(serving, apply, revert)
     assert serving.restarts().get("link_down", 0) >= 1, serving.orchestrator.text[-3000:]
+    # The relaunch's link check found the cable dead while it was still cut: counted.
+    failed_checks = serving.counts("orchestrator_preflight_failures_total", "check")
+    assert failed_checks.get("links", 0) >= 1, failed_checks
     results = {o.result for o in load.between(applied, served)}
     assert results <= TOLERATED, results
     assert load.outcomes[-1].result == "ok"

@@ -96,6 +96,7 @@ async def test_version_mismatch_is_a_per_field_diff(bundled_fingerprint: NodeFin
     assert (
         f"mlx-lm 0.0.1 differs from {bundled_fingerprint.packages['mlx-lm']} on n0" == failure.found
     )
+    assert "orchestrator bootstrap cluster.toml" in failure.fix
 
 
 async def test_mlx_not_installed(bundled_fingerprint: NodeFingerprint) -> None:
@@ -105,6 +106,7 @@ async def test_mlx_not_installed(bundled_fingerprint: NodeFingerprint) -> None:
     failures = run_preflight(spec, {"n0": replace(bundled_fingerprint, packages=packages)})
     assert checks(failures) == ["versions"]
     assert "mlx is not installed" in failures[0].found
+    assert "orchestrator bootstrap cluster.toml" in failures[0].fix
 
 
 async def test_memory_too_small(bundled_fingerprint: NodeFingerprint) -> None:

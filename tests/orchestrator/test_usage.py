@@ -13,11 +13,11 @@ from orchestrator.transports.pool import USAGE_STALE_S, NodeConnection
 from orchestrator.usage_metrics import NodeUsageCollector
 from testkit.agent_events import EventLog
 
-# A rank that takes 300 MB once the file named by argv[1] exists, then waits.
+# A rank that takes 600 MB (every page touched) once the file named by argv[1] exists.
 GROWS = (
     "import os, sys, time\n"
     "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
-    "held = bytearray(300 << 20)\n"
+    "held = bytearray(b'x' * (600 << 20))\n"
     "print('holding', len(held), flush=True)\n"
     "time.sleep(1000)\n"
 )
@@ -27,9 +27,13 @@ def rank_rss(events: EventLog) -> list[int]:
     return [e.ranks[0].rss_bytes for e in events.events if isinstance(e, NodeUsage) and e.ranks]
 
 
+def available(events: EventLog) -> list[int]:
+    return [e.memory.available_bytes for e in events.events if isinstance(e, NodeUsage)]
+
+
 async def test_usage_reports_follow_a_rank_that_allocates(tmp_path: Path) -> None:
-    """Reports every 0.3 s carry the node's memory and the rank's RSS, which grows by the
-    300 MB the rank takes, within a few seconds."""
+    """Reports every 0.3 s carry the node's memory and the rank's RSS: the rank's RSS grows
+    and the node's available memory shrinks by the 600 MB the rank takes, within seconds."""
     events = EventLog()
     async with LocalTransport(NodeSpec(name="n"), code_cache=tmp_path / "code") as transport:
         agent = await transport.start_agent(on_event=events)
@@ -37,9 +41,10 @@ async def test_usage_reports_follow_a_rank_that_allocates(tmp_path: Path) -> Non
         await agent.spawn(Spawn(rank=0, argv=[sys.executable, "-c", GROWS, str(go)]))
         await agent.watch_usage(0.3)
         await events.wait_for(lambda: len(rank_rss(events)) >= 2)
-        before = max(rank_rss(events))
+        before, free_before = max(rank_rss(events)), available(events)[-1]
         go.touch()
-        await events.wait_for(lambda: max(rank_rss(events)) > before + 250e6, timeout=10)
+        await events.wait_for(lambda: max(rank_rss(events)) > before + 550e6, timeout=10)
+        await events.wait_for(lambda: available(events)[-1] < free_before - 400e6, timeout=10)
         usage = [e for e in events.events if isinstance(e, NodeUsage)][-1]
         assert usage.memory.total_bytes > usage.memory.available_bytes > 0
         assert usage.load_1m is not None and usage.cpu_count

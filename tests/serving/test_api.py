@@ -10,7 +10,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from mlx_lm.utils import load_tokenizer
 
+from contract.blas import find_openblas
 from testkit.rank_cluster import RankCluster, rank_cluster
 from testkit.waiting import metric_value, wait_until
 
@@ -92,8 +94,10 @@ def test_openai_error_unknown_model(client: openai.OpenAI) -> None:
 
 
 def test_prefix_cache_reuses_the_shared_prompt(client: openai.OpenAI, server: RankCluster) -> None:
-    """A repeated prompt is served from the prefix cache and gives the same greedy text."""
+    """A repeated prompt is served from the prefix cache and gives the same greedy text; the
+    cache's hits and bytes are in the metrics."""
     before = metric_value(server.base_url, "serving_prefix_cache_hit_tokens_total")
+    hits = metric_value(server.base_url, "serving_prefix_cache_hits_total")
     runs = [
         client.chat.completions.create(
             model=MODEL,
@@ -107,6 +111,8 @@ def test_prefix_cache_reuses_the_shared_prompt(client: openai.OpenAI, server: Ra
     ]
     assert runs[0] == runs[1]
     assert metric_value(server.base_url, "serving_prefix_cache_hit_tokens_total") > before
+    assert metric_value(server.base_url, "serving_prefix_cache_hits_total") > hits
+    assert metric_value(server.base_url, "serving_prefix_cache_bytes") > 0
 
 
 def test_stop_string_and_seeded_sampling(client: openai.OpenAI) -> None:
@@ -130,6 +136,72 @@ def test_stop_string_and_seeded_sampling(client: openai.OpenAI) -> None:
     assert runs[0] == runs[1]
 
 
+def test_logprobs_chat_and_completions(client: openai.OpenAI) -> None:
+    """Greedy: each token's logprob is its list's best; tokens spell the text; streamed
+    chunks carry the logprobs of their own tokens; completions give OpenAI's legacy shape."""
+    whole = client.chat.completions.create(
+        model=MODEL, messages=chat("Say hello"), max_tokens=6, temperature=0,
+        logprobs=True, top_logprobs=3,
+    )
+    content = whole.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and "".join(t.token for t in content) == whole.choices[0].message.content
+    for item in content:
+        tops = [t.logprob for t in item.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert item.top_logprobs[0].token == item.token and item.logprob == tops[0] <= 0
+        assert bytes(item.bytes or []) == item.token.encode()
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=chat("Say hello"), max_tokens=6, temperature=0,
+        logprobs=True, stream=True,
+    )
+    items = [i for c in streamed if c.choices and c.choices[0].logprobs
+             for i in c.choices[0].logprobs.content or []]
+    assert [(i.token, i.logprob) for i in items] == [(i.token, i.logprob) for i in content]
+    text = client.completions.create(
+        model=MODEL, prompt="1, 2, 3,", max_tokens=5, temperature=0, logprobs=2
+    ).choices[0]
+    lp = text.logprobs
+    # mlx-lm's detokenizer drops the first token's leading space from the text.
+    assert lp is not None and "".join(lp.tokens or []).lstrip() == text.text.lstrip()
+    assert len(lp.token_logprobs or []) == len(lp.top_logprobs or []) == len(lp.tokens or [])
+    assert all(len(top) == 2 for top in lp.top_logprobs or [])
+    assert lp.text_offset == [sum(len(t) for t in (lp.tokens or [])[:i])
+                              for i in range(len(lp.tokens or []))]
+
+
+def test_logit_bias_and_penalties_change_greedy_text(
+    client: openai.OpenAI, bundled_model_dir: Path
+) -> None:
+    """A +100 bias makes greedy decoding pick that token every time; a -100 bias on the
+    greedy first token makes another come first; each penalty breaks a repetitive answer;
+    min_p filters the sampled tokens."""
+    tokenizer = load_tokenizer(bundled_model_dir)
+
+    def complete(max_tokens: int = 8, prompt: str = "yes yes yes", **fields: object) -> str:
+        fields.setdefault("temperature", 0)
+        return client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, **fields  # type: ignore[arg-type]
+        ).choices[0].text
+
+    assert complete(logit_bias={"42": 100}) == tokenizer.decode([42]) * 8
+    top = client.completions.create(
+        model=MODEL, prompt="yes yes yes", max_tokens=1, temperature=0, logprobs=0
+    ).choices[0].logprobs
+    first = tokenizer.encode((top.tokens or [""])[0], add_special_tokens=False)  # type: ignore[union-attr]
+    assert len(first) == 1
+    assert complete(max_tokens=1, logit_bias={str(first[0]): -100}) != complete(max_tokens=1)
+    parrot = "The cat sat on the mat. The cat sat on the mat. The cat"
+    repeats = complete(prompt=parrot)
+    assert repeats.startswith("sat on the mat")
+    for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0},
+                    {"extra_body": {"repetition_penalty": 2.0}}):
+        assert not complete(prompt=parrot, **penalty).startswith("sat"), penalty
+    # min_p = 1 keeps only the most likely token: sampling at temperature 1 turns greedy.
+    greedy = complete()
+    for seed in (1, 2, 3):
+        assert complete(temperature=1.0, seed=seed, extra_body={"min_p": 1.0}) == greedy
+
+
 BAD_BODIES = [
     ({"model": MODEL, "messages": []}, "messages"),
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
@@ -142,6 +214,21 @@ BAD_BODIES = [
     ({"model": MODEL, "messages": chat("x"), "n": 2}, "n"),
     ({"model": MODEL, "messages": "hello"}, "messages"),
     ({"messages": chat("x")}, "model"),
+    ({"model": MODEL, "messages": chat("x"), "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": MODEL, "messages": chat("x"), "frequency_penalty": -3}, "frequency_penalty"),
+    ({"model": MODEL, "messages": chat("x"), "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": MODEL, "messages": chat("x"), "min_p": 1.5}, "min_p"),
+    ({"model": MODEL, "messages": chat("x"), "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"model": MODEL, "messages": chat("x"), "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"model": MODEL, "messages": chat("x"), "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"model": MODEL, "messages": chat("x"), "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ({"model": MODEL, "messages": chat("x"), "top_logprobs": 2}, "top_logprobs"),
+    ({"model": MODEL, "messages": chat("x"), "response_format": {"type": "json_object"}},
+     "response_format"),
+    ({"model": MODEL, "messages": chat("x"), "audio": {"voice": "alloy"}}, "audio"),
+    ({"model": MODEL, "messages": chat("x"), "tools": [{"type": "function",
+      "function": {"name": "f"}}]}, "tools"),
 ]
 
 
@@ -156,7 +243,8 @@ def test_bad_chat_fields_are_400(server: RankCluster, body: dict[str, object], p
 
 
 def test_malformed_json_oversized_body_and_unknown_model(server: RankCluster) -> None:
-    """Malformed JSON 400, a body over max_body_bytes 413, unknown model 404: OpenAI shape."""
+    """Malformed JSON 400, a body over max_body_bytes 413, unknown model 404, a wrong method
+    405 with Allow: OpenAI's shape."""
     url = f"{server.base_url}/v1/chat/completions"
     bad = httpx.post(url, content=b'{"model": ', headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
@@ -166,6 +254,9 @@ def test_malformed_json_oversized_body_and_unknown_model(server: RankCluster) ->
     unknown = httpx.post(url, json={"model": "gpt-9", "messages": chat("x")})
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "model_not_found"
+    wrong_method = httpx.get(url)
+    assert wrong_method.status_code == 405 and "POST" in wrong_method.headers["allow"]
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_context_overflow_reports_token_counts(server: RankCluster) -> None:
@@ -177,7 +268,7 @@ def test_context_overflow_reports_token_counts(server: RankCluster) -> None:
     )
     assert r.status_code == 400
     error = r.json()["error"]
-    assert error["code"] == "context_length_exceeded"
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
     assert "8192" in error["message"] and "500 for the completion" in error["message"]
 
 
@@ -271,3 +362,9 @@ def test_health_and_metrics(server: RankCluster) -> None:
     ):
         assert family in text, family
     assert metric_value(server.base_url, "serving_steps_total") > 0
+    # Where OpenBLAS is installed the rank loaded it and serves the float32 copy.
+    if find_openblas():
+        assert "BLAS: OpenBLAS" in server.log_text(0) and "-f32" in server.log_text(0)
+    # MLX's allocator holds at least the weights (~100 MB of the bundled model).
+    active = metric_value(server.base_url, "serving_mlx_active_memory_bytes")
+    assert 50e6 < active <= metric_value(server.base_url, "serving_mlx_peak_memory_bytes")

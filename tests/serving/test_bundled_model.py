@@ -37,13 +37,13 @@ print(json.dumps({"path": str(result.path), "converted": result.converted}))
 """
 
 
-def test_converted_model_loads_quantized_and_answers_paris(bundled_model_dir: Path) -> None:
+def test_converted_model_loads_quantized_and_answers_paris(bundled_quantized_dir: Path) -> None:
     """mlx-lm loads the conversion (8-bit embedding, 4-bit layers) and answers the demo prompt."""
     import mlx.nn as nn
     from mlx_lm import generate, load
     from mlx_lm.sample_utils import make_sampler
 
-    model, tokenizer, *_ = load(str(bundled_model_dir))
+    model, tokenizer, *_ = load(str(bundled_quantized_dir))
     embed = model.model.embed_tokens
     q_proj = model.model.layers[0].self_attn.q_proj
     assert isinstance(embed, nn.QuantizedEmbedding) and embed.bits == 8
@@ -52,6 +52,27 @@ def test_converted_model_loads_quantized_and_answers_paris(bundled_model_dir: Pa
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     answer = generate(model, tokenizer, prompt, max_tokens=24, sampler=make_sampler(temp=0.0))
     assert "Paris" in answer, answer
+
+
+def test_float32_copy_is_the_dequantized_model(
+    tmp_path: Path, bundled_quantized_dir: Path
+) -> None:
+    """The float32 variant (for OpenBLAS) holds the same weights unquantized, its own config
+    and the tokenizer files, in its own cache entry made from the quantized one."""
+    import mlx.core as mx
+
+    cache = bundled_quantized_dir.parent
+    f32 = resolve_model(f"bundled:{NAME}", cache, float32=True)
+    assert f32.name == bundled_quantized_dir.name + "-f32"
+    config = json.loads((f32 / "config.json").read_text(encoding="utf-8"))
+    assert "quantization" not in config and config["torch_dtype"] == "float32"
+    weights = mx.load(str(f32 / "model.safetensors"))
+    assert isinstance(weights, dict)
+    assert {w.dtype for w in weights.values()} == {mx.float32}
+    embed = weights["model.embed_tokens.weight"]
+    assert embed.shape == (config["vocab_size"], config["hidden_size"])
+    for name in ("tokenizer.json", "tokenizer_config.json", "conversion.json"):
+        assert (f32 / name).is_file(), name
 
 
 def test_converted_tokenizer_matches_gguf_specials(bundled_model_dir: Path) -> None:

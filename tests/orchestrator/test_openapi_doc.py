@@ -1,0 +1,58 @@
+"""The gateway's OpenAPI document: Litestar's generation from the /v1 handlers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from orchestrator.gateway import app as gateway_app
+from orchestrator.metrics import OrchestratorMetrics
+from tests.orchestrator.test_gateway_unit import FakeView, status
+
+OPERATIONS = {
+    ("/v1/chat/completions", "post"): ("ChatCompletionRequest", "ChatCompletion"),
+    ("/v1/completions", "post"): ("CompletionRequest", "Completion"),
+    ("/v1/models", "get"): (None, "ModelList"),
+}
+
+
+async def document(api_key: str | None) -> dict[str, Any]:
+    app = gateway_app.create_app(
+        FakeView(), status, OrchestratorMetrics(), api_key=api_key, request_timeout_s=5.0
+    )
+    async with AsyncTestClient(app=app) as client:
+        reply = await client.get("/openapi.json")
+    assert reply.status_code == 200
+    doc: dict[str, Any] = reply.json()
+    return doc
+
+
+def ref(content: dict[str, Any]) -> str:
+    ref_: str = content["application/json"]["schema"]["$ref"]
+    return ref_.removeprefix("#/components/schemas/")
+
+
+@pytest.mark.parametrize("api_key", ["k", None], ids=["key", "no-key"])
+async def test_the_document_covers_v1_with_bodies_and_openai_errors(api_key: str | None) -> None:
+    """Every /v1 operation, its request and response bodies, errors as ErrorEnvelope, the
+    bearer scheme when a key is set; nothing else of the gateway."""
+    doc = await document(api_key)
+    assert doc["openapi"].startswith("3.1")
+    assert set(doc["paths"]) == {path for path, _ in OPERATIONS}
+    for (path, method), (request, response) in OPERATIONS.items():
+        operation = doc["paths"][path][method]
+        assert set(doc["paths"][path]) == {method}
+        if request:
+            assert ref(operation["requestBody"]["content"]) == request
+        responses = operation["responses"]
+        assert ref(responses["200"]["content"]) == response
+        errors = {code for code in responses if code != "200"}
+        assert "401" in errors and "503" in errors
+        assert all(ref(responses[code]["content"]) == "ErrorEnvelope" for code in errors)
+        assert operation.get("security") == ([{"bearer": []}] if api_key else None)
+    streamed = doc["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
+    assert "text/event-stream" in streamed
+    schemes = doc["components"].get("securitySchemes")
+    assert schemes == ({"bearer": {"type": "http", "scheme": "bearer"}} if api_key else None)

@@ -1,0 +1,77 @@
+"""schemathesis against the gateway's own /openapi.json, on a real 1-rank cluster of the tiny
+model, with and without the API key: no 5xx, every error in OpenAI's shape, the documented
+statuses, content types and bodies, 405 with Allow; the cluster still answers afterwards."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from testkit.openapi_fuzz import fuzz
+from testkit.orchestrator_process import running, write_cluster
+
+pytestmark = pytest.mark.timeout(300)
+KEY = "fuzz-key"
+# Generated requests per operation in the fuzzing phase (the coverage phase adds its own
+# boundary cases): without the key each is a quick 401, so fewer do. About 90 s in all.
+EXAMPLES = {KEY: 50, None: 10}
+
+
+class Served:
+    def __init__(self, url: str, model: str, workdir: Path) -> None:
+        self.url, self.model, self.workdir = url, model, workdir
+
+    def completed(self) -> float:
+        """Requests rank 0's engine finished, read through the gateway's /metrics."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "serving_requests_finished_total"
+        )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Served]:
+    """One local rank of the tiny model behind a gateway that wants an API key; at most 16
+    tokens a request, so that every fuzzed request is quick."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    config = write_cluster(
+        tmp, str(tiny_model_dir), [{"name": "a"}],
+        api={"api_key_env": "FUZZ_API_KEY"},
+        serving={"max_tokens_limit": 16, "max_tokens_default": 8},
+        supervisor={"standby_ranks": False},
+    )
+    api = tomllib.loads(config.read_text())["api"]
+    url = f"http://{api['host']}:{api['port']}"
+    with running(config, {"FUZZ_API_KEY": KEY}, url):
+        yield Served(url, tiny_model_dir.name, tmp)
+
+
+@pytest.mark.parametrize("api_key", [KEY, None], ids=["with-key", "without-key"])
+def test_the_fuzzer_finds_nothing(served: Served, api_key: str | None) -> None:
+    """schemathesis's checks and ours (OpenAI's error shape) pass on every generated request."""
+    before = served.completed()
+    started = time.monotonic()
+    examples = EXAMPLES[api_key]
+    run = fuzz(served.url, served.model, served.workdir, api_key=api_key, max_examples=examples)
+    print(f"schemathesis took {time.monotonic() - started:.0f} s:\n{run.stdout[-3000:]}")
+    assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-5000:]
+    if api_key:  # the fuzzed requests got past validation into the engine, not only 4xx
+        assert served.completed() > before
+
+
+def test_the_cluster_still_answers_after_the_fuzzing(served: Served) -> None:
+    """A normal completion succeeds once the fuzzer is done."""
+    body = {"model": served.model, "prompt": "Hello", "max_tokens": 4}
+    reply = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {KEY}"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["finish_reason"] == "length"

@@ -1,0 +1,182 @@
+"""Tool calling: mlx-lm's parsers on recorded model outputs, and a tiny model through the
+openai client, forced (rank_env.FORCED_OUTPUT) to emit a call in its template's format."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import msgspec
+import openai
+import pytest
+from mlx_lm.tool_parsers import json_tools, qwen3_coder
+
+from contract.openai_schemas import ChatCompletionRequest
+from contract.rank_env import FORCED_OUTPUT
+from serving.api.errors import OpenAIError
+from serving.api.tool_calls import ToolCallStream, ToolPlan, plan_tools
+from testkit.rank_cluster import RankCluster, rank_cluster
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tool_calls"
+OUTPUTS: dict[str, str] = json.loads((FIXTURES / "outputs.json").read_text(encoding="utf-8"))
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+MULTIPLY = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        },
+    },
+}
+FORCED = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def parser_of(module: ModuleType) -> Any:
+    """What a TokenizerWrapper exposes of the parser mlx-lm picked for a model."""
+    return SimpleNamespace(
+        has_tool_calling=True,
+        tool_call_start=module.tool_call_start,
+        tool_call_end=module.tool_call_end,
+        tool_parser=module.parse_tool_call,
+    )
+
+
+def split(text: str, module: ModuleType, chunk: int = 0, parallel: bool = True) -> tuple[str, Any]:
+    stream = ToolCallStream(parser_of(module), ToolPlan([WEATHER, MULTIPLY], parallel=parallel))
+    pieces = [text[i : i + chunk] for i in range(0, len(text), chunk)] if chunk else [text]
+    content = ""
+    for piece in pieces:
+        content += stream.feed(piece)[0]
+    content += stream.finish()[0]
+    return content, [(c.function.name, json.loads(c.function.arguments)) for c in stream.calls]
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7])
+def test_json_calls_are_parsed_out_of_the_text(chunk: int) -> None:
+    """Qwen's JSON calls, whole or streamed in pieces: the text around them is content."""
+    content, calls = split(OUTPUTS["qwen3_json_single"], json_tools, chunk)
+    assert content == "I'll multiply them.\n"
+    assert calls == [("multiply", {"a": 12234585, "b": 48838483920})]
+    _, calls = split(OUTPUTS["qwen3_json_parallel"], json_tools, chunk)
+    assert calls == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Lyon"})]
+
+
+def test_parallel_calls_off_keeps_the_first_and_other_parsers_work() -> None:
+    """parallel_tool_calls=false keeps one call; Qwen3-Coder's XML parser is used as is."""
+    _, calls = split(OUTPUTS["qwen3_json_parallel"], json_tools, parallel=False)
+    assert calls == [("get_weather", {"city": "Paris"})]
+    _, calls = split(OUTPUTS["qwen3_coder_xml"], qwen3_coder, 5)
+    assert calls == [("multiply", {"a": 12234585, "b": 48838483920})]
+
+
+def test_a_call_cut_short_comes_back_as_text() -> None:
+    """A call the parser cannot read (max_tokens cut it) is returned as content, not lost."""
+    content, calls = split(OUTPUTS["qwen3_json_truncated"], json_tools, 3)
+    assert calls == [] and content == OUTPUTS["qwen3_json_truncated"]
+
+
+def request(**fields: Any) -> ChatCompletionRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return msgspec.convert(body, ChatCompletionRequest)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+         "tool_choice.function.name"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type"),
+    ],
+)
+def test_tool_fields_that_cannot_work_are_400(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        plan_tools(request(**fields), parser_of(json_tools))
+    assert caught.value.status == 400 and caught.value.body.param == param
+
+
+def test_tool_choice_plans() -> None:
+    """none renders no tools; required and a named function open the call in the prompt."""
+    tok = parser_of(json_tools)
+    assert plan_tools(request(tools=[WEATHER], tool_choice="none"), tok).tools is None
+    assert plan_tools(request(tools=[WEATHER]), tok).open_call is False
+    assert plan_tools(request(tools=[WEATHER], tool_choice="required"), tok).open_call
+    named = plan_tools(
+        request(tools=[WEATHER, MULTIPLY],
+                tool_choice={"type": "function", "function": {"name": "multiply"}}), tok)
+    assert named.open_call and [t["function"]["name"] for t in named.tools or []] == ["multiply"]
+    no_tools = SimpleNamespace(has_tool_calling=False)
+    with pytest.raises(OpenAIError) as caught:
+        plan_tools(request(tools=[WEATHER]), no_tools)
+    assert caught.value.body.param == "tools"
+
+
+@pytest.fixture(scope="module")
+def tool_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[RankCluster]:
+    """The tiny model with a Qwen-style tool template, forced to answer with FORCED."""
+    model = tmp_path_factory.mktemp("tool-model") / "m"
+    shutil.copytree(tiny_model_dir, model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = (FIXTURES / "qwen_tools_template.jinja").read_text(encoding="utf-8")
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    with rank_cluster(
+        tmp_path_factory.mktemp("tools"), model, 1, env={FORCED_OUTPUT: FORCED},
+        served_model_id="m",
+    ) as cluster:
+        yield cluster
+
+
+def test_openai_client_gets_tool_calls(tool_server: RankCluster) -> None:
+    """Non-streaming: message.tool_calls and finish_reason tool_calls; the call and its
+    result go back in the history and the next turn is answered."""
+    client = openai.OpenAI(base_url=f"{tool_server.base_url}/v1", api_key="x", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    first = client.chat.completions.create(
+        model="m", messages=messages, tools=[WEATHER], max_tokens=64  # type: ignore[list-item]
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = (choice.message.tool_calls or [])[0]
+    assert call.type == "function" and call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'},
+    ]
+    again = client.chat.completions.create(
+        model="m", messages=messages, tools=[WEATHER], max_tokens=64  # type: ignore[list-item]
+    )
+    assert again.choices[0].finish_reason == "tool_calls"
+
+
+def test_streamed_tool_calls_arrive_as_deltas(tool_server: RankCluster) -> None:
+    """Streaming: the call arrives in delta.tool_calls (index, id, name, arguments)."""
+    client = openai.OpenAI(base_url=f"{tool_server.base_url}/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather?"}],
+        tools=[WEATHER], max_tokens=64, stream=True,  # type: ignore[list-item]
+    )
+    chunks = list(stream)
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or []) if c.choices]
+    assert [(d.index, d.function.name) for d in deltas] == [(0, "get_weather")]  # type: ignore[union-attr]
+    assert json.loads(deltas[0].function.arguments or "") == {"city": "Paris"}  # type: ignore[union-attr]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "<tool_call>" not in content
