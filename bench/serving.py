@@ -34,6 +34,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
 from serving.model.loading import resolve  # noqa: E402
 from testkit.ports import free_ports  # noqa: E402
@@ -133,6 +134,9 @@ def mlx_lm_server(model_dir: Path, ranks: int, workdir: Path) -> Iterator[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_ports(1)[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    if blas := find_openblas():  # the BLAS our ranks load, for a like-for-like comparison
+        env["LD_PRELOAD"] = blas
+        env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     if ranks > 1:
         hostfile = workdir / "hostfile.json"
         hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(ranks)]))
@@ -204,7 +208,8 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", default=["ours", "mlx_lm"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/serving-bench"))
     args = parser.parse_args()
-    model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)))
+    settings = RankSettings(model=ModelSettings(path=args.model))
+    model_dir = resolve(settings, float32=find_openblas() is not None)  # as the ranks serve it
     figures = []
     for ranks in args.ranks:
         # Servers alternate within each repetition (each started fresh), so drift in
