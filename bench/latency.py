@@ -34,6 +34,7 @@ from bench.serving import mlx_lm_server  # noqa: E402
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
 from serving.model.loading import resolve  # noqa: E402
+from testkit.load import stream_token_times  # noqa: E402
 from testkit.rank_cluster import rank_cluster  # noqa: E402
 
 SYSTEM = " ".join(
@@ -73,17 +74,6 @@ def multi_turn(url: str, model: str) -> list[float]:
     return ttfts
 
 
-def stream_arrivals(url: str, out: list[float], stop: threading.Event) -> None:
-    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4000, "stream": True,
-            "temperature": 0}
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=1800) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                out.append(time.perf_counter())
-            if stop.is_set():
-                return
-
-
 def quantiles(gaps: list[float]) -> dict[str, float]:
     ordered = sorted(gaps)
     return {"p50": ordered[len(ordered) // 2], "p99": ordered[int(len(ordered) * 0.99)],
@@ -94,18 +84,20 @@ def long_prompt(url: str) -> dict[str, Any]:
     """ITL of 4 streams for 3 s alone, then during a 4,000-token prefill."""
     stop = threading.Event()
     arrivals: list[list[float]] = [[] for _ in range(4)]
-    threads = [threading.Thread(target=stream_arrivals, args=(url, a, stop)) for a in arrivals]
+    threads = [
+        threading.Thread(target=stream_token_times, args=(url, a, stop)) for a in arrivals
+    ]
     for thread in threads:
         thread.start()
     while min(len(a) for a in arrivals) < 5:
         time.sleep(0.05)
-    alone_from = time.perf_counter()
+    alone_from = time.monotonic()
     time.sleep(3)
-    sent = time.perf_counter()
+    sent = time.monotonic()
     body = {"model": "m", "prompt": [(i * 7919) % 40000 + 100 for i in range(4000)],
             "max_tokens": 1}
     httpx.post(f"{url}/v1/completions", json=body, timeout=1800).raise_for_status()
-    done = time.perf_counter()
+    done = time.monotonic()
     stop.set()
     for thread in threads:
         thread.join(60)

@@ -42,6 +42,7 @@ from node_agent.model_hashes import (
     list_files,
     sha256_file,
 )
+from node_agent.probes.system import disk
 
 STAGING_SUFFIX = ".partial-sync"
 OLD_SUFFIX = ".old-sync"
@@ -165,7 +166,7 @@ def _prepare(
         plan = _plan(target, staging, req, cache, stats)
     except ModelFileError as exc:
         raise StoreError(MODEL_IO, str(exc)) from exc
-    free = _free_bytes(target.parent)
+    free = disk(target.parent).free_bytes
     if plan.need_bytes > free:
         raise StoreError(
             NO_SPACE,
@@ -214,14 +215,6 @@ def _plan(
         else:
             plan.send.append(FileToSend(path=f.path, offset=0))
     return plan
-
-
-def _free_bytes(directory: Path) -> int:
-    probe = directory
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    st = os.statvfs(probe)
-    return st.f_bavail * st.f_frsize
 
 
 def _stage(target: Path, staging: Path, manifest: Manifest, plan: _Plan, cache: HashCache) -> None:

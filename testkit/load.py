@@ -4,7 +4,8 @@
 each ended. `fault()` applies a fault under that load, reverts it after a while and
 times what the cluster does: when /health left ready (the supervisor noticed), when it
 was ready again, and when a request succeeded again. Tests assert on the outcome; the
-benchmark (bench/link_faults.py) reports the times.
+benchmark (bench/link_faults.py) reports the times. `stream_token_times` records when
+each chunk of one long stream arrives (inter-token latency under a long prefill).
 """
 
 from __future__ import annotations
@@ -75,6 +76,19 @@ class Load:
 
     def hung(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.ended - o.started > self.request_timeout_s + 1]
+
+
+def stream_token_times(url: str, arrivals: list[float], stop: threading.Event) -> None:
+    """Stream a long completion from model "m", appending each chunk's arrival time
+    (time.monotonic) to `arrivals`, until `stop` is set (hanging up cancels it)."""
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4000, "stream": True,
+            "temperature": 0}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=1800) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic())
+            if stop.is_set():
+                return
 
 
 def _code(text: str) -> str:

@@ -9,21 +9,11 @@ from pathlib import Path
 
 import httpx
 
+from testkit.load import stream_token_times
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import wait_until
 
 CHUNK = 128  # prefill_step_size: a 4,000-token prompt takes ~32 engine steps
-
-
-def stream_tokens(url: str, arrivals: list[float], stop: threading.Event) -> None:
-    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4000, "stream": True,
-            "temperature": 0}
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                arrivals.append(time.monotonic())
-            if stop.is_set():
-                return  # hanging up cancels the request
 
 
 def test_running_streams_keep_producing_during_a_long_prefill(
@@ -35,7 +25,9 @@ def test_running_streams_keep_producing_during_a_long_prefill(
                       prefill_step_size=CHUNK, max_batch_size=8) as cluster:
         url, stop = cluster.base_url, threading.Event()
         arrivals: list[list[float]] = [[] for _ in range(4)]
-        threads = [threading.Thread(target=stream_tokens, args=(url, a, stop)) for a in arrivals]
+        threads = [
+            threading.Thread(target=stream_token_times, args=(url, a, stop)) for a in arrivals
+        ]
         for thread in threads:
             thread.start()
         try:
