@@ -4,8 +4,11 @@
   token of each turn, ours vs mlx_lm.server, same model, same ranks (the prefix cache
   should make turns 2-5 cost a fraction of the cold first turn);
 - long prompt: 4 streams decode; the inter-token latency p50/p99 of those streams alone,
-  then while a 4,000-token prompt is prefilled (ours; chunks of prefill_step_size);
-- idle: one request after `--idle-s` of idle vs a warm one, in pairs (ours).
+  then while a 4,000-token prompt is prefilled, for each `--slowdown` (ours; the
+  prefill pacer's serving.prefill_max_slowdown, 0 = unpaced chunks of prefill_step_size);
+- idle: one request after `--idle-s` of idle vs a warm one, in pairs, for each
+  `--keepalive`, through a real `orchestrator up` (its gateway wakes idle workers), with
+  the ranks' CPU use while idle.
 
     .venv/bin/python bench/latency.py --ranks 1 3 [--idle-s 60 --idle-pairs 5]
 
@@ -21,20 +24,23 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.serving import mlx_lm_server  # noqa: E402
 from contract.blas import find_openblas  # noqa: E402
-from contract.settings import ModelSettings, RankSettings  # noqa: E402
+from contract.settings import ModelSettings, RankSettings, ServingSettings  # noqa: E402
 from serving.model.loading import resolve  # noqa: E402
 from testkit.load import stream_token_times  # noqa: E402
+from testkit.orchestrator_process import run_cli, running, write_cluster  # noqa: E402
 from testkit.rank_cluster import rank_cluster  # noqa: E402
 
 SYSTEM = " ".join(
@@ -109,15 +115,29 @@ def long_prompt(url: str) -> dict[str, Any]:
             "prefill_s": done - sent}
 
 
-def idle(url: str, idle_s: float, pairs: int) -> list[dict[str, float]]:
+def idle(workdir: Path, model_dir: Path, ranks: int, keepalive_s: float,
+         args: argparse.Namespace) -> dict[str, Any]:
+    """Pairs of (warm TTFT, TTFT after idle_s of idle) through the gateway of a real
+    `orchestrator up`, and the ranks' CPU use (cores) while idle."""
+    nodes = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(ranks)]
+    config = write_cluster(workdir, str(model_dir), nodes, serving={"keepalive_s": keepalive_s})
+    api = tomllib.loads(config.read_text())["api"]
+    url = f"http://{api['host']}:{api['port']}"
     messages = [{"role": "user", "content": "Name a colour."}]
-    out = []
-    for _ in range(pairs):
-        warm, _ = first_token_s(url, "m", messages, 4)
-        time.sleep(idle_s)
-        cold, _ = first_token_s(url, "m", messages, 4)
-        out.append({"warm_s": warm, "after_idle_s": cold, "ratio": cold / warm})
-    return out
+    out, cpu_s = [], 0.0
+    with running(config, url=url):
+        served = json.loads(run_cli("status", str(config), "--json").stdout)
+        procs = [psutil.Process(r["pid"]) for r in served["ranks"]]
+        model = served["model"]
+        first_token_s(url, model, messages, 4)
+        for _ in range(args.idle_pairs):
+            warm, _ = first_token_s(url, model, messages, 4)
+            before = sum(sum(p.cpu_times()[:2]) for p in procs)
+            time.sleep(args.idle_s)
+            cpu_s += sum(sum(p.cpu_times()[:2]) for p in procs) - before
+            cold, _ = first_token_s(url, model, messages, 4)
+            out.append({"warm_s": warm, "after_idle_s": cold, "ratio": cold / warm})
+    return {"pairs": out, "idle_cpu_cores": cpu_s / (args.idle_s * args.idle_pairs)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -126,17 +146,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = resolve(settings, float32=find_openblas() is not None)
     results: dict[str, Any] = {"model": str(model_dir), "runs": {}}
     for ranks in args.ranks:
-        with rank_cluster(args.workdir / f"ours-{ranks}", model_dir, ranks,
-                          served_model_id="m") as cluster:
+        work = args.workdir / f"{ranks}r"
+        ours: dict[str, Any] = {"long_prompt": {}, "idle": {}}
+        with rank_cluster(work / "ours", model_dir, ranks, served_model_id="m") as cluster:
             first_token_s(cluster.base_url, "m", [{"role": "user", "content": "hi"}], 2)
-            ours: dict[str, Any] = {"multi_turn": multi_turn(cluster.base_url, "m")}
+            ours["multi_turn"] = multi_turn(cluster.base_url, "m")
             print(f"ours {ranks}r multi-turn TTFT: {fmt(ours['multi_turn'])}", flush=True)
-            ours["long_prompt"] = long_prompt(cluster.base_url)
-            print(f"ours {ranks}r long prompt: {ours['long_prompt']}", flush=True)
-            if args.idle_pairs:
-                ours["idle"] = idle(cluster.base_url, args.idle_s, args.idle_pairs)
-                print(f"ours {ranks}r idle: {ours['idle']}", flush=True)
-        with mlx_lm_server(model_dir, ranks, args.workdir / f"mlx_lm-{ranks}") as url:
+        for slowdown in args.slowdown:
+            with rank_cluster(work / f"paced-{slowdown}", model_dir, ranks,
+                              served_model_id="m", prefill_max_slowdown=slowdown) as cluster:
+                figures = long_prompt(cluster.base_url)
+            ours["long_prompt"][str(slowdown)] = figures
+            print(f"ours {ranks}r long prompt, max slowdown {slowdown}: {figures}", flush=True)
+        for keepalive in args.keepalive if args.idle_pairs else []:
+            figures = idle(work / f"idle-{keepalive}", model_dir, ranks, keepalive, args)
+            ours["idle"][str(keepalive)] = figures
+            print(f"ours {ranks}r idle, keepalive {keepalive} s: {figures}", flush=True)
+        with mlx_lm_server(model_dir, ranks, work / "mlx_lm") as url:
             first_token_s(url, str(model_dir), [{"role": "user", "content": "hi"}], 2)
             theirs = {"multi_turn": multi_turn(url, str(model_dir))}
             print(f"mlx_lm.server {ranks}r multi-turn TTFT: {fmt(theirs['multi_turn'])}",
@@ -156,6 +182,10 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--idle-s", type=float, default=60.0)
     parser.add_argument("--idle-pairs", type=int, default=5)
+    defaults = ServingSettings()
+    parser.add_argument("--slowdown", type=float, nargs="+",
+                        default=[defaults.prefill_max_slowdown, 0.0])
+    parser.add_argument("--keepalive", type=float, nargs="+", default=[defaults.keepalive_s])
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

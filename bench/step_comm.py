@@ -6,7 +6,7 @@ machine noise hits every mode alike, and reports the time per decode step:
 
   model             the forward pass alone: every rank knows the schedule, nothing else
                     is sent (the floor; not a protocol, a reference)
-  lockstep          rank 0 queues step s's StepPlan header (one 48-byte all_sum) just
+  lockstep          rank 0 queues step s's StepPlan header (one 56-byte all_sum) just
                     before step s; workers wait for it, check it (step id, batch
                     fingerprint, token digest), then build step s; every rank samples
                     itself with the request's seed

@@ -2,7 +2,7 @@
 
     orchestrator ──Request (id)──────▶ agent   Open, Fingerprint, Spawn, Stop, Ping, ListRanks,
                                                  CheckPorts, Reap, Listen, Unlisten, Connect,
-                                                 WatchLinks, WatchUsage
+                                                 WatchLinks, WatchUsage, Wake
     orchestrator ◀──Reply (same id)─── agent   Ok, ErrorReply, FingerprintResult, Spawned,
                                                  Stopped, Pong, RankList, PortsResult, Reaped,
                                                  Reachable
@@ -40,7 +40,7 @@ from contract.model_manifest import (
     PrefixHashes,
 )
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 # Error codes of ErrorReply.
 PROTOCOL_MISMATCH = "protocol_mismatch"
@@ -173,6 +173,14 @@ class WatchUsage(Message, tag="watch_usage", kw_only=True):
     interval_s: float
 
 
+class Wake(Message, tag="wake", kw_only=True):
+    """A request is on its way to rank 0: SIGUSR2 to this node's worker ranks (rank >= 1)
+    of launch_id, which ends their idle sleep between keepalives at once."""
+
+    id: int = 0
+    launch_id: str
+
+
 Request = (
     Open
     | Fingerprint
@@ -187,6 +195,7 @@ Request = (
     | Connect
     | WatchLinks
     | WatchUsage
+    | Wake
     | ModelManifest
     | ModelPrepare
     | ModelPrefixHash

@@ -62,9 +62,13 @@ class ServingSettings(Section):
     # Rank 0's internal OpenAI API, on rank 0's node; the gateway proxies to it.
     rank_api_port: Port = 52200
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024  # larger bodies get 413
-    # Prompt tokens prefilled per engine step, between decode steps of the running batch:
-    # smaller keeps streams flowing while a long prompt arrives, larger prefills faster.
+    # The most prompt tokens a sequence prefills per engine step (all of them when nothing
+    # else is decoding): larger prefills a long prompt alone faster.
     prefill_step_size: PositiveInt = 512
+    # While streams decode, a prompt's chunk is sized so a step lasts at most this many
+    # decode-only steps: their inter-token latency stretches no further while a long
+    # prompt is read. Larger reads it sooner; 0: off (always prefill_step_size).
+    prefill_max_slowdown: Annotated[float, Meta(ge=0)] = 2.5
     prompt_cache_size: NonNegativeInt = 10  # finished sequences kept for prefix reuse; 0: off
     # Bytes of KV the prefix cache may hold on each rank; None: a quarter of the memory
     # available once the weights are loaded, the smallest of all ranks (so all evict alike).

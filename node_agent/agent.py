@@ -52,6 +52,7 @@ from contract.agent_protocol import (
     Stop,
     Stopped,
     Unlisten,
+    Wake,
     WatchLinks,
     WatchUsage,
 )
@@ -271,6 +272,9 @@ class Agent:
                 return await links.connect(req.host, req.port, req.timeout_s, req.id)
             case WatchUsage():
                 self._usage.watch(req.interval_s)
+                return Ok(id=req.id)
+            case Wake():
+                self._ranks.wake_workers(req.launch_id)
                 return Ok(id=req.id)
             case WatchLinks():
                 await self._links.watch(

@@ -89,6 +89,14 @@ class RankTable:
         """(rank, pid) of every running rank."""
         return [(rp.rank, rp.pid) for rp in sorted(self._ranks.values(), key=lambda r: r.rank)]
 
+    def wake_workers(self, launch_id: str) -> None:
+        """SIGUSR2 to the worker ranks (rank >= 1) of launch_id: ends their idle sleep.
+        Only to ranks of that launch: they handle it (serving/rank/idle_wake.py)."""
+        for rp in self._ranks.values():
+            if rp.rank >= 1 and rp.launch_id == launch_id:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(rp.pid, signal.SIGUSR2)
+
     def infos(self) -> list[RankInfo]:
         return [rp.info() for rp in sorted(self._ranks.values(), key=lambda r: r.rank)]
 

@@ -5,8 +5,10 @@ import sys
 
 from contract.rank_env import STANDBY
 from serving.blas import load_openblas
+from serving.rank.idle_wake import ignore_wakes
 from serving.rank.standby import wait_for_go
 
+ignore_wakes()  # a worker listens for them once it serves
 load_openblas()  # before anything imports mlx.core
 
 if os.environ.get(STANDBY) and not wait_for_go():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-import httpx
+import aiohttp
 import msgspec
 
 from contract.openai_errors import (
@@ -24,7 +24,7 @@ from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState
 
-# Headers describing the body or the hop, which httpx recomputes.
+# Headers describing the body or the hop, which aiohttp recomputes.
 _HOP_HEADERS = {
     "host",
     "content-length",
@@ -46,6 +46,10 @@ _STREAM_CUT = ErrorBody(
     "server_error",
     code="stream_interrupted",
 )
+
+
+# aiohttp's connection errors, and its timeouts (connect) which are asyncio's.
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 class UpstreamLost(Exception):
@@ -70,7 +74,7 @@ class Proxy:
     def __init__(
         self,
         view: ClusterView,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         metrics: OrchestratorMetrics,
         request_timeout_s: float,
     ) -> None:
@@ -87,6 +91,7 @@ class Proxy:
             if upstream is None:
                 self.metrics.requests_failed.labels(reason="unavailable").inc()
                 raise self._unavailable_error()
+            self.view.wake_workers()
             try:
                 return await self._send(
                     upstream, method, path, query, headers, body, wants_stream(body)
@@ -106,27 +111,27 @@ class Proxy:
         stream: bool,
     ) -> ProxyResult:
         url = f"{upstream.url}{path}" + (f"?{query}" if query else "")
-        # As bytes: ASGI decoded them as latin-1, and httpx would encode str values as ASCII.
-        forwarded = [
-            (k.encode("latin-1"), v.encode("latin-1"))
+        # ASGI decoded the values as latin-1; _check_utf8 let only UTF-8 bytes through, and
+        # aiohttp encodes str values as UTF-8: rank 0 gets the client's bytes.
+        forwarded = {
+            k: v.encode("latin-1").decode("utf-8")
             for k, v in headers.items()
             if k.lower() not in _HOP_HEADERS
-        ]
-        request = self.client.build_request(method, url, content=body, headers=forwarded)
+        }
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.TransportError as exc:
+            response = await self.client.request(method, url, data=body, headers=forwarded)
+        except TRANSPORT_ERRORS as exc:
             raise UpstreamLost(str(exc)) from exc
-        if response.status_code == 503:  # rank 0 is stopping: its gang is going away
-            await response.aclose()
+        if response.status == 503:  # rank 0 is stopping: its gang is going away
+            response.close()
             raise UpstreamLost("rank 0 is stopping")
-        chunks = response.aiter_raw()
+        chunks = response.content.iter_any()
         try:
             # Until the client has a byte, a lost gang means "resend", so a plain response
             # is read whole and a stream up to its first event.
-            first = await anext(chunks, b"") if stream else await response.aread()
-        except httpx.TransportError as exc:
-            await response.aclose()
+            first = await anext(chunks, b"") if stream else await response.read()
+        except TRANSPORT_ERRORS as exc:
+            response.close()
             raise UpstreamLost(str(exc)) from exc
         result_headers = {
             k: v
@@ -134,26 +139,31 @@ class Proxy:
             if k.lower() in {"content-type", "retry-after", "cache-control"}
         }
         if not stream:
-            await response.aclose()
-            return ProxyResult(response.status_code, result_headers, first, None)
+            response.release()
+            return ProxyResult(response.status, result_headers, first, None)
         if error_code_of_event(first) in GANG_FAILURE_CODES:
-            await response.aclose()
+            response.close()
             raise UpstreamLost("rank 0's engine failed before the stream's first token")
-        return ProxyResult(
-            response.status_code, result_headers, first, self._rest(response, chunks)
-        )
+        return ProxyResult(response.status, result_headers, first, self._rest(response, chunks))
 
     async def _rest(
-        self, response: httpx.Response, chunks: AsyncIterator[bytes]
+        self, response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes]
     ) -> AsyncIterator[bytes]:
+        whole = False
         try:
             async for chunk in chunks:
                 yield chunk
-        except httpx.TransportError:
+            whole = True
+        except TRANSPORT_ERRORS:
             self.metrics.requests_failed.labels(reason="stream_cut").inc()
             yield sse_error_event(_STREAM_CUT) + DONE_EVENT
         finally:
-            await response.aclose()
+            # Read to the end: the connection goes back to the pool. Else (the client left,
+            # the stream broke) it is closed: rank 0 sees that and frees the batch slot.
+            if whole:
+                response.release()
+            else:
+                response.close()
 
     def _unavailable_error(self) -> ApiError:
         state = self.view.state

@@ -20,6 +20,10 @@ class ClusterView(Protocol):
         """True once shutdown began: no request will get a gang any more."""
         ...
 
+    def wake_workers(self) -> None:
+        """A request is about to reach rank 0: have the idle workers listen now."""
+        ...
+
     async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
         """Rank 0 of a ready gang (other than `not_launch`), or None if none within the timeout."""
         ...

@@ -145,6 +145,17 @@ class Gang:
             # A lost agent takes its ranks with it (it stops them when its channel closes).
             log.warning("stopping rank %d on %s: %s", process.rank, process.node, exc)
 
+    async def wake_workers(self) -> None:
+        """End the workers' idle sleep (best effort): a request is on its way to rank 0."""
+        nodes = {p.node for p in self.ranks.values() if p.rank >= 1 and p.running}
+        await asyncio.gather(*(self._wake(node) for node in nodes))
+
+    async def _wake(self, node: str) -> None:
+        try:
+            await self.pool.agent(node).wake(self.launch_id)
+        except (TransportError, AgentRequestError) as exc:
+            log.debug("waking the ranks on %s: %s", node, exc)  # they wake by themselves too
+
     async def leftovers(self) -> list[str]:
         """Ranks of this launch that any reachable agent still runs (should be none)."""
         found: list[str] = []

@@ -30,6 +30,7 @@ RANK_ROOTS = (
     "msgspec",
     "litestar",
     "uvicorn",
+    "httptools",  # uvicorn parses rank 0's HTTP with it when installed
     "psutil",
     "prometheus-client",
     "numpy",

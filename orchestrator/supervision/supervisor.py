@@ -47,6 +47,7 @@ LINK_RETRY_S = 1.0  # between reachability checks while a link is down
 # constant load they start anyway after STANDBY_BUSY_AFTER_S.
 STANDBY_AFTER_S = 3.0
 STANDBY_BUSY_AFTER_S = 60.0
+WAKE_EVERY_S = 0.1  # the most often the gateway's requests wake the workers
 
 
 class Probe(Protocol):
@@ -98,6 +99,8 @@ class Supervisor:
         self._changed = asyncio.Event()
         self._ready_since = 0.0
         self._force = False
+        self._woken_at = float("-inf")
+        self._wakes: set[asyncio.Task[None]] = set()
         self.draining = False
         machine.on_change(self._state_changed)
 
@@ -140,6 +143,20 @@ class Supervisor:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except TimeoutError:
                 return None
+
+    def wake_workers(self) -> None:
+        """A request is on its way to rank 0: end the workers' idle sleep now, so it does
+        not wait up to 90% of keepalive_s for their next receive. Best effort, at most
+        every WAKE_EVERY_S, in the background."""
+        gang, now = self.gang, self._clock()
+        if self.state != GangState.READY or gang is None or len(gang.ranks) < 2:
+            return
+        if now - self._woken_at < WAKE_EVERY_S:
+            return
+        self._woken_at = now
+        task = asyncio.create_task(gang.wake_workers())
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
 
     # ── requests from the operator ──
 

@@ -284,6 +284,10 @@ class AgentHandle:
         msg = protocol.Connect(host=host, port=port, timeout_s=timeout_s)
         return await self.request(msg, protocol.Reachable, timeout_s + 10.0)
 
+    async def wake(self, launch_id: str, timeout: float = 5.0) -> None:
+        """End the idle sleep of this node's worker ranks of launch_id (SIGUSR2)."""
+        await self.request(protocol.Wake(launch_id=launch_id), Ok, timeout)
+
     async def watch_usage(self, interval_s: float, timeout: float = 10.0) -> None:
         """Have the agent push a NodeUsage event every interval_s (0 stops it)."""
         await self.request(protocol.WatchUsage(interval_s=interval_s), Ok, timeout)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.generate_utils import BatchStats
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from serving.engine.sampling import make_request_processors, make_request_sampler
@@ -50,6 +53,7 @@ class MirroredBatch:
         prompt_cache_bytes: int = 1 << 62,
     ) -> None:
         self.vocab_size = vocab_size
+        self.max_prefill_chunk = prefill_step_size
         self.eos_token_id = min(eos_token_ids, default=0)  # what a forced output ends with
         self.generator = BatchGenerator(
             model,
@@ -133,8 +137,17 @@ class MirroredBatch:
             parts.append(-2)
         return digest_ints(parts)
 
-    def step(self) -> list[TokenEvent]:
-        """One engine step: decode the running sequences, prefill newly inserted ones."""
+    @contextmanager
+    def stats(self) -> Iterator[BatchStats]:
+        """mlx-lm's counters of the work done inside the block (prefill tokens and time)."""
+        with self.generator.stats() as stats:
+            yield stats
+
+    def step(self, prefill_chunk: int = 0) -> list[TokenEvent]:
+        """One engine step: decode the running sequences, then prefill the next
+        `prefill_chunk` tokens (0: the most allowed) of each sequence still prefilling."""
+        # BatchGenerator cuts each step's chunk by this attribute (mlx-lm 0.32).
+        self.generator.prefill_step_size = prefill_chunk or self.max_prefill_chunk
         _, responses = self.generator.next()
         events = [
             TokenEvent(r.uid, int(r.token), r.finish_reason, r.logprobs) for r in responses

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from contract.exit_codes import RankExit
 from contract.openai_errors import SHUTDOWN, TIMEOUT
 from serving.engine.batch import MirroredBatch, TokenEvent, digest_ints
+from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.requests import Failed, GenerationRequest
 from serving.engine.running import RunningRequest
 from serving.engine.step_plan import Insert, PlanChannel, PlanKind, StepPlan
@@ -54,9 +55,11 @@ class Engine:
         keepalive_s: float,
         faults: FaultPlan,
         metrics: ServingMetrics,
+        pacer: PrefillPacer,
         comm_profile: bool = False,
     ) -> None:
         self._batch = batch
+        self._pacer = pacer
         self._channel = channel  # None at world size 1
         self._tokenizer = tokenizer
         self._max_batch = max_batch_size
@@ -208,9 +211,15 @@ class Engine:
         removes, self._removes = self._removes, []
         plan = StepPlan(
             PlanKind.STEP, self._step_id, self._fingerprint, self._last_digest,
-            self._last_step_done, inserts, removes,
+            self._last_step_done, self._prefill_chunk(admitted, removes), inserts, removes,
         )
         return PlannedStep(plan, admitted, self._broadcast(plan))
+
+    def _prefill_chunk(self, admitted: list[GenerationRequest], removes: list[int]) -> int:
+        """The next step's prefill chunk, by who will be decoding and who prefilling then."""
+        staying = [r for uid, r in self._running.items() if uid not in removes]
+        decoding = sum(r.started for r in staying)
+        return self._pacer.chunk(decoding, len(staying) - decoding + len(admitted))
 
     def _step(self, planned: PlannedStep) -> None:
         """Apply this step's plan, send the next one, run the step and hand out its tokens."""
@@ -225,7 +234,9 @@ class Engine:
         else:
             self._planned = None
             self._broadcast(StepPlan(PlanKind.PAUSE))
-        events = self._batch.step()
+        with self._batch.stats() as work:
+            events = self._batch.step(planned.plan.prefill_chunk)
+        self._pacer.observe(time.perf_counter() - started, work.prompt_tokens, work.prompt_time)
         self._last_digest = digest_ints([v for e in events for v in (e.uid, e.token)])
         self._last_step_done = step_id
         self._dispatch(events)

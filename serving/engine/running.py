@@ -26,6 +26,11 @@ class RunningRequest:
         self._last_token_at: float | None = None
         self._logprobs: list[TokenLogprob] = []  # of tokens whose text is not sent yet
 
+    @property
+    def started(self) -> bool:
+        """Its prompt is prefilled: it has had its first token."""
+        return self._completion_tokens > 0
+
     def on_token(self, token: int, finish_reason: str | None, logprobs: mx.array | None) -> None:
         if self.done:
             return

@@ -1,11 +1,12 @@
 """The StepPlan: what rank 0 tells every worker about each engine step, and its broadcast.
 
 Wire format, per plan, over `all_sum` (rank 0 contributes the data, workers zeros):
-  1. a fixed 6 x int64 header: kind, step id, payload length, batch fingerprint,
-     token digest, and the step whose tokens that digest covers;
+  1. a fixed 7 x int64 header: kind, step id, payload length, batch fingerprint,
+     token digest, the step whose tokens that digest covers, and the step's prefill
+     chunk (serving/engine/prefill_pacing.py);
   2. only when the header's payload length is > 0: the msgpack payload (inserts and
      removes) as uint8.
-So a step whose batch composition is unchanged costs one 48-byte collective.
+So a step whose batch composition is unchanged costs one 56-byte collective.
 
 While the batch is busy, the plan for step s+1 is queued before step s's forward pass
 (see serving/engine.py): a worker receives it while step s computes and builds step
@@ -22,7 +23,7 @@ import numpy as np
 
 from serving.distributed import PeerLost
 
-HEADER_LEN = 6
+HEADER_LEN = 7
 
 
 class PlanKind(enum.IntEnum):
@@ -65,6 +66,7 @@ class StepPlan(msgspec.Struct):
     fingerprint: int = 0  # of rank 0's batch composition right after its latest applied plan
     token_digest: int = 0  # of the tokens step `digest_step` produced
     digest_step: int = 0  # the latest step rank 0 had finished when it sent this plan
+    prefill_chunk: int = 0  # prompt tokens per prefilling sequence this step; 0: the maximum
     inserts: list[Insert] = []
     removes: list[int] = []
 
@@ -126,7 +128,7 @@ class PlanChannel:
         payload = encode_payload(plan)
         header = [
             plan.kind, plan.step_id, len(payload), plan.fingerprint, plan.token_digest,
-            plan.digest_step,
+            plan.digest_step, plan.prefill_chunk,
         ]
         self._keep(self._all_sum(mx.array(header, dtype=mx.int64), wait))
         return payload
@@ -153,7 +155,7 @@ class PlanChannel:
 
     def finish_receive(self, pending: mx.array) -> StepPlan:
         header = np.array(pending)
-        kind, step_id, length, fingerprint, digest, digest_step = (int(v) for v in header)
+        kind, step_id, length, fingerprint, digest, digest_step, chunk = (int(v) for v in header)
         if kind == 0:  # rank 0 always sends a kind: MLX failed the collective and returned zeros
             raise PeerLost("plan header without rank 0's data: the ring lost a peer")
         payload = PlanPayload()
@@ -161,6 +163,6 @@ class PlanChannel:
             data = self._all_sum(mx.zeros(length, dtype=mx.uint8))
             payload = decode_payload(np.array(data).tobytes())
         return StepPlan(
-            PlanKind(kind), step_id, fingerprint, digest, digest_step,
+            PlanKind(kind), step_id, fingerprint, digest, digest_step, chunk,
             payload.inserts, payload.removes,
         )

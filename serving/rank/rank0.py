@@ -28,6 +28,7 @@ from serving.api.app import create_app
 from serving.api.state import ServedModel, ServingState
 from serving.distributed import DistributedEnv
 from serving.engine.engine import Engine
+from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.step_plan import PlanChannel
 from serving.faults import FaultPlan
 from serving.metrics import ServingMetrics
@@ -39,7 +40,10 @@ log = logging.getLogger(__name__)
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets whose proto says
+    # TCP, and an accepted socket inherits the listener's. With proto 0, Nagle held each
+    # response's body until the client's delayed ACK: 40 ms on every plain response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
@@ -94,6 +98,7 @@ class Rank0:
             keepalive_s=self.settings.serving.keepalive_s,
             faults=self.faults,
             metrics=self.state.metrics,
+            pacer=PrefillPacer(batch.max_prefill_chunk, self.settings.serving.prefill_max_slowdown),
             comm_profile=self.settings.serving.comm_profile,
         )
         self.peer_watch.before_exit = lambda: engine.fail_all(

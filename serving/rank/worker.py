@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 
 from contract.exit_codes import RankExit
 from contract.settings import RankSettings
@@ -13,6 +12,7 @@ from serving.distributed import DistributedEnv
 from serving.engine.batch import MirroredBatch, digest_ints
 from serving.engine.step_plan import PlanChannel, PlanKind, StepPlan
 from serving.faults import FaultPlan
+from serving.rank.idle_wake import IdleSleep
 from serving.rank.startup import exit_for, join_group, load_and_sync, make_batch
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,13 @@ def run_worker(
     The next plan's receive is queued before each step's forward pass, in the order
     rank 0 queues its send, so this rank builds step s+1 while step s computes.
     MLX's ring backend busy-polls while a collective waits, so after a keepalive the
-    worker sleeps most of the interval before queueing the next receive.
+    worker sleeps most of the interval before queueing the next receive; a request on
+    its way to rank 0 ends that sleep (serving/rank/idle_wake.py).
     """
     stop = threading.Event()
     # Signal handlers only record: the loop sees it at the next plan (keepalives are frequent).
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    idle = IdleSleep()
     step, fingerprint = 0, batch.fingerprint()
     digests = {0: 0}  # token digest by step: the latest two
     pending = channel.receive_async()
@@ -82,7 +84,7 @@ def run_worker(
             log.info("SIGTERM received: leaving")
             return RankExit.OK
         if plan.kind == PlanKind.KEEPALIVE:
-            time.sleep(keepalive_s * IDLE_SLEEP_SHARE)
+            idle.sleep(keepalive_s * IDLE_SLEEP_SHARE)
         if plan.kind != PlanKind.STEP:
             pending = channel.receive_async()
             continue
@@ -96,7 +98,7 @@ def run_worker(
         batch.apply(plan.inserts, plan.removes)
         fingerprint = batch.fingerprint(perturb=faults.desync_at(step))
         pending = channel.receive_async()
-        events = batch.step()
+        events = batch.step(plan.prefill_chunk)
         digests = {step - 1: digests[step - 1], step: digest_ints(
             [v for e in events for v in (e.uid, e.token)]
         )}

@@ -1,16 +1,19 @@
-"""The gateway through Litestar's test client, against fake rank 0s (httpx.MockTransport)."""
+"""The gateway through Litestar's test client, against fake rank 0s: a real HTTP server
+whose answers each test scripts as a function from httpx.Request to httpx.Response."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from litestar.testing import AsyncTestClient
 
 from orchestrator.gateway import app as gateway_app
@@ -25,17 +28,23 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 
 class FakeView:
-    """The cluster as the gateway sees it; the test moves it between states and launches."""
+    """The cluster as the gateway sees it; the test moves it between states and launches.
+    Rank 0 of launch L is `<fake rank 0 server>/rank0-L`."""
 
     def __init__(self) -> None:
+        self.base_url = ""  # set by the gateway fixture
         self.state = GangState.READY
         self.reason = ""
         self.draining = False
         self.launch = "l1"
+        self.wakes = 0  # requests that told the view to wake the workers
 
     def to(self, state: GangState, launch: str | None = None, reason: str = "") -> None:
         self.state, self.reason = state, reason
         self.launch = launch or self.launch
+
+    def wake_workers(self) -> None:
+        self.wakes += 1
 
     async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
         # Polls: the test client runs the app in a thread of its own, so no asyncio.Event.
@@ -45,7 +54,7 @@ class FakeView:
             if ended or time.monotonic() > deadline:
                 return None
             await asyncio.sleep(0.01)
-        return Upstream(f"http://rank0-{self.launch}", self.launch)
+        return Upstream(f"{self.base_url}/rank0-{self.launch}", self.launch)
 
 
 class Chunks(httpx.AsyncByteStream):
@@ -73,22 +82,74 @@ def status() -> ClusterStatus:
     )
 
 
+async def answer(handler: Handler, request: web.Request) -> web.StreamResponse:
+    """Serve one request the way `handler` scripts it: the request as httpx sees it (its
+    host naming the launch: /rank0-l1/v1/... is http://rank0-l1/v1/...), the answer whole
+    or, for a Chunks body, chunk by chunk, the connection cut where the script says so."""
+    launch, _, path = request.path_qs.removeprefix("/").partition("/")
+    scripted = handler(httpx.Request(
+        request.method, f"http://{launch}/{path}", headers=list(request.headers.items()),
+        content=await request.read(),
+    ))
+    headers = {k: v for k, v in scripted.headers.items() if k.lower() != "content-length"}
+    if not isinstance(scripted.stream, Chunks):
+        return web.Response(status=scripted.status_code, headers=headers,
+                            body=await scripted.aread())
+    response = web.StreamResponse(status=scripted.status_code, headers=headers)
+    await response.prepare(request)
+    try:
+        async for chunk in scripted.stream:
+            await response.write(chunk)
+    except httpx.ReadError:
+        assert request.transport is not None
+        request.transport.abort()  # rank 0 died: the connection ends without the last chunk
+        return response
+    await response.write_eof()
+    return response
+
+
+@contextlib.contextmanager
+def fake_rank0(handler: Handler) -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1, its loop in a thread of its own; yields its URL."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        return await answer(handler, request)
+
+    async def start() -> web.AppRunner:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", route)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
 @pytest.fixture
-def gateway(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+def gateway() -> Iterator[Callable[..., Any]]:
     """(view, handler for rank 0's requests, api key) -> test client and metrics."""
-    real_client = httpx.AsyncClient
+    with contextlib.ExitStack() as servers:
 
-    def make(view: FakeView, handler: Handler, api_key: str | None = None) -> Any:
-        monkeypatch.setattr(
-            gateway_app.httpx,
-            "AsyncClient",
-            lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw),
-        )
-        metrics = OrchestratorMetrics()
-        app = gateway_app.create_app(view, status, metrics, api_key=api_key, request_timeout_s=5.0)
-        return AsyncTestClient(app=app), metrics
+        def make(view: FakeView, handler: Handler, api_key: str | None = None) -> Any:
+            view.base_url = servers.enter_context(fake_rank0(handler))
+            metrics = OrchestratorMetrics()
+            app = gateway_app.create_app(
+                view, status, metrics, api_key=api_key, request_timeout_s=5.0
+            )
+            return AsyncTestClient(app=app), metrics
 
-    return make
+        yield make
 
 
 def ok(request: httpx.Request) -> httpx.Response:
@@ -136,15 +197,21 @@ async def test_rank_0_gets_the_request_as_sent_but_not_the_api_key(
         seen.append(request)
         return ok(request)
 
-    client, _ = gateway(FakeView(), handler, api_key=KEY)
+    view = FakeView()
+    client, _ = gateway(view, handler, api_key=KEY)
     headers = {"Authorization": f"Bearer {KEY}", "X-Trace": "t1"}
     async with client:
         reply = await client.post("/v1/chat/completions?a=1", json=BODY, headers=headers)
-    assert reply.status_code == 200
-    [request] = seen
+        bare = await client.post("/v1/completions", content=b"{}",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    assert reply.status_code == bare.status_code == 200
+    request, plain = seen
     assert (request.url.path, request.url.query) == ("/v1/chat/completions", b"a=1")
     assert json.loads(request.content) == BODY
     assert request.headers["x-trace"] == "t1" and "authorization" not in request.headers
+    assert request.headers["content-type"] == "application/json"
+    assert "content-type" not in plain.headers  # the proxy adds none of its own
+    assert view.wakes == 2  # each request first woke the idle workers
 
 
 async def test_a_request_held_during_a_restart_goes_to_the_next_gang(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -224,6 +225,33 @@ def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path
         models = httpx.get(f"{url}/v1/models", timeout=30).json()
         assert models["data"][0]["id"] == tiny_model_dir.name
         assert "already run by" not in second.text
+
+
+def test_a_request_through_the_gateway_wakes_idle_workers(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Idle workers sleep 90% of keepalive_s between keepalives. A request sent to rank 0
+    directly mid-sleep waits for the sleep's end; one through the gateway does not: the
+    agents signal the workers as the gateway forwards it (serving/rank/idle_wake.py)."""
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2], serving={"keepalive_s": 2.0})
+    url = _api_url(config)
+    import tomllib
+
+    direct = f"http://127.0.0.1:{tomllib.loads(config.read_text())['serving']['rank_api_port']}"
+    body = {"model": tiny_model_dir.name, "prompt": "Hello", "max_tokens": 1}
+
+    def after_idle(base: str) -> float:
+        httpx.post(f"{base}/v1/completions", json=body, timeout=60).raise_for_status()
+        time.sleep(2.5)  # keepalive at 2.0 s, then the workers sleep until 3.8 s
+        started = time.monotonic()
+        httpx.post(f"{base}/v1/completions", json=body, timeout=60).raise_for_status()
+        return time.monotonic() - started
+
+    with running(config, url=url):
+        slept = [after_idle(direct) for _ in range(2)]
+        woken = [after_idle(url) for _ in range(3)]
+    assert min(slept) > 0.8, slept  # the sleep is real: the test can tell
+    assert max(woken) < 0.5, woken
 
 
 def test_dry_run_prints_plan(tmp_path: Path) -> None:

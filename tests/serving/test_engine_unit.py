@@ -4,14 +4,17 @@ limits and shutdown, with no model and no MLX."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 
 from serving.engine.batch import TokenEvent
 from serving.engine.engine import Engine, EngineStopping, QueueFull
+from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.requests import EventSink, Failed, Finished, GenerationRequest, TextDelta
 from serving.engine.step_plan import Insert, SamplingParams
 from serving.faults import FaultPlan
@@ -44,7 +47,11 @@ class FakeBatch:
             self._next_uid += 1
         return uids
 
-    def step(self) -> list[TokenEvent]:
+    @contextlib.contextmanager
+    def stats(self) -> Iterator[SimpleNamespace]:
+        yield SimpleNamespace(prompt_tokens=0, prompt_time=0.0)
+
+    def step(self, prefill_chunk: int = 0) -> list[TokenEvent]:
         time.sleep(self.step_s)
         events = []
         for uid, state in list(self._live.items()):
@@ -85,6 +92,7 @@ class Running:
             keepalive_s=0.02,
             faults=FaultPlan([], 0),
             metrics=ServingMetrics(),
+            pacer=PrefillPacer(512, 0),
         )
         self.thread = threading.Thread(target=self.engine.run, daemon=True)
 

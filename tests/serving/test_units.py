@@ -16,7 +16,9 @@ from contract.settings import (
     load_settings,
 )
 from serving.distributed import DistributedEnvError, detect_env, is_peer_lost
+from serving.engine.prefill_pacing import MIN_CHUNK, PrefillPacer
 from serving.engine.step_plan import (
+    HEADER_LEN,
     Insert,
     PlanChannel,
     PlanKind,
@@ -107,10 +109,31 @@ def test_fault_syntax() -> None:
 def test_plan_payload_round_trip() -> None:
     """Inserts and removes survive msgpack; an unchanged batch has no payload at all."""
     params = SamplingParams(0.7, 0.9, 40, 16, 1234)
-    plan = StepPlan(PlanKind.STEP, 3, 99, 7, 1, [Insert("r1", [1, 2, 3], params)], [5])
+    plan = StepPlan(PlanKind.STEP, 3, 99, 7, 1, inserts=[Insert("r1", [1, 2, 3], params)],
+                    removes=[5])
     payload = decode_payload(encode_payload(plan))
     assert payload.inserts == plan.inserts and payload.removes == [5]
     assert encode_payload(StepPlan(PlanKind.STEP, 4, 99, 7, 2)) == b""
+
+
+def test_prefill_chunk_keeps_decode_steps_within_the_slowdown() -> None:
+    """A prompt alone gets whole chunks; beside decoding streams, a chunk that fits the
+    time left in a step of `max_slowdown` decode steps, shared by the prompts, never
+    more than the maximum nor less than the minimum; measured before it grows."""
+    pacer = PrefillPacer(max_chunk=512, max_slowdown=3.0)
+    assert pacer.chunk(decoding=0, prefilling=1) == 512
+    assert pacer.chunk(decoding=4, prefilling=0) == 512
+    assert pacer.chunk(decoding=4, prefilling=1) == MIN_CHUNK  # nothing measured yet
+    pacer.observe(step_s=0.1, prompt_tokens=0, prompt_s=0.0)  # a decode-only step
+    pacer.observe(step_s=0.5, prompt_tokens=40, prompt_s=0.4)  # 10 ms per prompt token
+    assert pacer.chunk(decoding=4, prefilling=1) == 20  # (3 - 1) x 0.1 s / 10 ms
+    assert pacer.chunk(decoding=4, prefilling=2) == MIN_CHUNK  # 10 each, raised to the floor
+    pacer.observe(step_s=0.3, prompt_tokens=400, prompt_s=0.2)  # faster per token now
+    assert 20 < pacer.chunk(decoding=4, prefilling=1) < 512
+    pacer.observe(step_s=9.0, prompt_tokens=0, prompt_s=0.0)
+    pacer.observe(step_s=9.0, prompt_tokens=0, prompt_s=0.0)
+    assert pacer.chunk(decoding=4, prefilling=1) == 512  # slow decode steps: room for all
+    assert PrefillPacer(512, 0).chunk(decoding=4, prefilling=1) == 512  # off
 
 
 def test_worker_checks_step_fingerprint_and_token_digest() -> None:
@@ -137,5 +160,5 @@ def test_a_header_without_rank0s_data_is_a_lost_peer() -> None:
 
     channel = PlanChannel(mx.distributed.init(), mx.cpu)
     with pytest.raises(RuntimeError) as caught:
-        channel.finish_receive(mx.zeros(6, dtype=mx.int64))
+        channel.finish_receive(mx.zeros(HEADER_LEN, dtype=mx.int64))
     assert is_peer_lost(caught.value)
