@@ -23,7 +23,7 @@ product defaults but max_batch_size >= 8) and sends the same requests to rank 0 
   the same way (the gateway reads a plain response whole before answering);
 - models pairs: `GET /v1/models`, `--models-pairs` pairs, alternated, no spacing: no
   engine work behind it, so the difference is the proxy's own cost with little noise;
-- aggregate: per round 8 concurrent streamed chats (max_tokens 64, distinct prompts), on
+- aggregate: per round 8 concurrent streamed chats (`--stream-tokens`, 64, distinct prompts), on
   each path in turn (order alternating per round); content chunks / wall time from the
   first start to the last end; the gateway/direct ratio is the median of per-round ratios.
 
@@ -76,16 +76,12 @@ PATHS = ("direct", "gateway")
 WARMUP_PAIRS = 3
 MAX_GAP_S = 0.8 * ServingSettings().keepalive_s
 STREAMS = 8
-STREAM_TOKENS = 64
 MESSAGE = "Request {serial:06d}: answer with one short friendly word."
 PLAIN = 500_000  # the plain pairs' serials start here: no prompt shared with the TTFT pairs
 STORY = "Story {serial:06d}: write a long tale about a lighthouse keeper and a storm."
 
 Body = dict[str, Any]
 Measure = Callable[[httpx.Client, str, Body], float]
-
-
-# ── the cluster under test ──
 
 
 def write_bench_cluster(tmp: Path, model: str, ranks: int) -> tuple[Path, dict[str, str]]:
@@ -107,9 +103,6 @@ def pooled_client() -> httpx.Client:
     """Keep-alive, like a real client; room for the aggregate's concurrent streams."""
     limits = httpx.Limits(max_connections=2 * STREAMS, max_keepalive_connections=2 * STREAMS)
     return httpx.Client(timeout=httpx.Timeout(600.0), limits=limits)
-
-
-# ── requests ──
 
 
 def chat_body(model: str, text: str, max_tokens: int) -> Body:
@@ -171,9 +164,6 @@ def stream_chunks(client: httpx.Client, url: str, body: Body) -> int:
         return sum(1 for line in response.iter_lines() if content_of(line))
 
 
-# ── measurements ──
-
-
 def paired(
     clients: dict[str, httpx.Client], urls: dict[str, str], pairs: int,
     measure: Measure, body_for: Callable[[int], Body], spaced: bool = True,
@@ -196,15 +186,17 @@ def paired(
     return seconds
 
 
-def aggregate_rate(client: httpx.Client, url: str, model: str, first_serial: int) -> float:
-    """Content chunks per second of STREAMS concurrent streams, first start to last end;
-    their prompts numbered from first_serial."""
+def aggregate_rate(
+    client: httpx.Client, url: str, model: str, first_serial: int, tokens: int
+) -> float:
+    """Content chunks per second of STREAMS concurrent streams of `tokens` tokens, first
+    start to last end; their prompts numbered from first_serial."""
     counts: list[int] = []
     lock = threading.Lock()
 
     def run(i: int) -> None:
         text = STORY.format(serial=first_serial + i)
-        chunks = stream_chunks(client, url, chat_body(model, text, STREAM_TOKENS))
+        chunks = stream_chunks(client, url, chat_body(model, text, tokens))
         with lock:
             counts.append(chunks)
 
@@ -221,21 +213,20 @@ def aggregate_rate(client: httpx.Client, url: str, model: str, first_serial: int
 
 
 def aggregate_rounds(
-    clients: dict[str, httpx.Client], urls: dict[str, str], model: str, repeats: int
+    clients: dict[str, httpx.Client], urls: dict[str, str], model: str, repeats: int,
+    tokens: int,
 ) -> dict[str, list[float]]:
     """Per round, STREAMS concurrent streams on each path in turn, the order alternating."""
     rates: dict[str, list[float]] = {path: [] for path in PATHS}
     serials = iter(range(0, 1_000_000, STREAMS))
     for path in PATHS:  # warm-up: opens each pool's connections
-        aggregate_rate(clients[path], urls[path], model, next(serials))
+        aggregate_rate(clients[path], urls[path], model, next(serials), tokens)
     for round_ in range(repeats):
         for path in PATHS if round_ % 2 == 0 else PATHS[::-1]:
-            rates[path].append(aggregate_rate(clients[path], urls[path], model, next(serials)))
+            rate = aggregate_rate(clients[path], urls[path], model, next(serials), tokens)
+            rates[path].append(rate)
             print(f"  8 streams round {round_} {path}: {rates[path][-1]:.1f} tok/s", flush=True)
     return rates
-
-
-# ── figures ──
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -323,7 +314,7 @@ def bench_ranks(args: argparse.Namespace, ranks: int, stack: str) -> dict[str, A
                 listing = paired(clients, urls, args.models_pairs, models_latency, lambda _: {},
                                  spaced=False)
                 progress("models", listing)
-                rates = aggregate_rounds(clients, urls, model, args.repeats)
+                rates = aggregate_rounds(clients, urls, model, args.repeats, args.stream_tokens)
             finally:
                 for client in clients.values():
                     client.close()
@@ -362,7 +353,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": args.model, "ranks": args.ranks, "stacks": args.stacks, "pin": args.pin,
             "pairs": args.pairs,
             "warmup_pairs": WARMUP_PAIRS, "repeats": args.repeats, "streams": STREAMS,
-            "stream_max_tokens": STREAM_TOKENS, "cpu_count": os.cpu_count(),
+            "stream_max_tokens": args.stream_tokens, "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "uvicorn": uvicorn.__version__,
             "uvloop": importlib.util.find_spec("uvloop") is not None,
             "httptools": importlib.util.find_spec("httptools") is not None}
@@ -377,6 +368,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models-pairs", type=int, default=300)
+    parser.add_argument("--stream-tokens", type=int, default=64,
+                        help="max_tokens of each of the 8 concurrent streams")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="gateway and client on core 0, ranks on the others")
     parser.add_argument("--stacks", nargs="+", choices=["installed", "plain"],

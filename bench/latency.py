@@ -11,6 +11,7 @@
   the ranks' CPU use while idle.
 
     .venv/bin/python bench/latency.py --ranks 1 3 [--idle-s 60 --idle-pairs 5]
+                                      [--only multi_turn long_prompt idle]
 
 Figures go to bench/results/latency-<timestamp>.json and a summary is printed.
 """
@@ -47,6 +48,7 @@ SYSTEM = " ".join(
     f"Rule {i}: when the user mentions topic number {i}, answer politely, cite the rule, "
     f"and keep the answer short." for i in range(1, 76)
 )  # ~1,500 tokens
+SECTIONS = ("multi_turn", "long_prompt", "idle")
 QUESTIONS = ["What is rule 3 about?", "And rule 17?", "Summarise rule 42.",
              "Which rule mentions topic 60?", "Thank you. Anything else?"]
 
@@ -120,6 +122,7 @@ def idle(workdir: Path, model_dir: Path, ranks: int, keepalive_s: float,
     """Pairs of (warm TTFT, TTFT after idle_s of idle) through the gateway of a real
     `orchestrator up`, and the ranks' CPU use (cores) while idle."""
     nodes = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(ranks)]
+    workdir.mkdir(parents=True, exist_ok=True)
     config = write_cluster(workdir, str(model_dir), nodes, serving={"keepalive_s": keepalive_s})
     api = tomllib.loads(config.read_text())["api"]
     url = f"http://{api['host']}:{api['port']}"
@@ -148,23 +151,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for ranks in args.ranks:
         work = args.workdir / f"{ranks}r"
         ours: dict[str, Any] = {"long_prompt": {}, "idle": {}}
-        with rank_cluster(work / "ours", model_dir, ranks, served_model_id="m") as cluster:
-            first_token_s(cluster.base_url, "m", [{"role": "user", "content": "hi"}], 2)
-            ours["multi_turn"] = multi_turn(cluster.base_url, "m")
+        theirs: dict[str, Any] = {}
+        if "multi_turn" in args.only:
+            with rank_cluster(work / "ours", model_dir, ranks, served_model_id="m") as cluster:
+                first_token_s(cluster.base_url, "m", [{"role": "user", "content": "hi"}], 2)
+                ours["multi_turn"] = multi_turn(cluster.base_url, "m")
             print(f"ours {ranks}r multi-turn TTFT: {fmt(ours['multi_turn'])}", flush=True)
-        for slowdown in args.slowdown:
+        for slowdown in args.slowdown if "long_prompt" in args.only else []:
             with rank_cluster(work / f"paced-{slowdown}", model_dir, ranks,
                               served_model_id="m", prefill_max_slowdown=slowdown) as cluster:
                 figures = long_prompt(cluster.base_url)
             ours["long_prompt"][str(slowdown)] = figures
             print(f"ours {ranks}r long prompt, max slowdown {slowdown}: {figures}", flush=True)
-        for keepalive in args.keepalive if args.idle_pairs else []:
+        for keepalive in args.keepalive if "idle" in args.only and args.idle_pairs else []:
             figures = idle(work / f"idle-{keepalive}", model_dir, ranks, keepalive, args)
             ours["idle"][str(keepalive)] = figures
             print(f"ours {ranks}r idle, keepalive {keepalive} s: {figures}", flush=True)
-        with mlx_lm_server(model_dir, ranks, work / "mlx_lm") as url:
-            first_token_s(url, str(model_dir), [{"role": "user", "content": "hi"}], 2)
-            theirs = {"multi_turn": multi_turn(url, str(model_dir))}
+        if "multi_turn" in args.only:
+            with mlx_lm_server(model_dir, ranks, work / "mlx_lm") as url:
+                first_token_s(url, str(model_dir), [{"role": "user", "content": "hi"}], 2)
+                theirs["multi_turn"] = multi_turn(url, str(model_dir))
             print(f"mlx_lm.server {ranks}r multi-turn TTFT: {fmt(theirs['multi_turn'])}",
                   flush=True)
         results["runs"][str(ranks)] = {"ours": ours, "mlx_lm_server": theirs}
@@ -182,6 +188,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--idle-s", type=float, default=60.0)
     parser.add_argument("--idle-pairs", type=int, default=5)
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     defaults = ServingSettings()
     parser.add_argument("--slowdown", type=float, nargs="+",
                         default=[defaults.prefill_max_slowdown, 0.0])

@@ -4,8 +4,11 @@ mlx-lm's BatchGenerator decodes the running batch, then prefills one chunk of ev
 waiting prompt, in the same step: the running streams' next token waits for that chunk.
 With a fixed chunk (512 tokens) a long prompt stretched their inter-token latency from
 0.09 s to 4.4 s on this project's 2-core CI machine. Rank 0 therefore sizes each step's
-chunk from what it measures: the time of a decode-only step, and the time per prefilled
-token, so that a step with prefill lasts about `max_slowdown` decode-only steps. With no
+chunk from what it measures: the time of a decode-only step, and what each prefilled
+token adds to a step, so that a step with prefill lasts about `max_slowdown` decode-only
+steps. What a token adds is taken from the whole step, not from mlx-lm's prefill timer
+alone: a step with prefill also decodes slower (mlx-lm clears MLX's buffer cache after
+each chunk), and paced by the timer alone the streams' steps ran 4x, not 2.5x, long. With no
 stream decoding, the prompt gets the whole `max_chunk` (its time to first token is all
 that matters then). The chunk travels in the StepPlan, so every rank prefills alike.
 """
@@ -21,7 +24,7 @@ class PrefillPacer:
         self.max_chunk = max_chunk
         self.max_slowdown = max_slowdown  # 0: off, every chunk is max_chunk
         self.decode_step_s: float | None = None  # a step that only decodes
-        self.token_s: float | None = None  # prefill seconds per prompt token
+        self.token_s: float | None = None  # seconds a prompt token adds to a step
 
     def chunk(self, decoding: int, prefilling: int) -> int:
         """Prompt tokens per prefilling sequence in the next step."""
@@ -36,7 +39,8 @@ class PrefillPacer:
     def observe(self, step_s: float, prompt_tokens: int, prompt_s: float) -> None:
         """One finished step: its wall time and the prefill inside it (mlx-lm's counters)."""
         if prompt_tokens:
-            self.token_s = _average(self.token_s, prompt_s / prompt_tokens)
+            added_s = max(step_s - (self.decode_step_s or 0.0), prompt_s)
+            self.token_s = _average(self.token_s, added_s / prompt_tokens)
         else:
             self.decode_step_s = _average(self.decode_step_s, step_s)
 

@@ -134,6 +134,12 @@ def test_prefill_chunk_keeps_decode_steps_within_the_slowdown() -> None:
     pacer.observe(step_s=9.0, prompt_tokens=0, prompt_s=0.0)
     assert pacer.chunk(decoding=4, prefilling=1) == 512  # slow decode steps: room for all
     assert PrefillPacer(512, 0).chunk(decoding=4, prefilling=1) == 512  # off
+    # A token costs what it adds to the whole step (here 40 ms), not mlx-lm's prefill timer
+    # alone (10 ms): the step's decode slowed down too.
+    slowed = PrefillPacer(max_chunk=512, max_slowdown=9.0)
+    slowed.observe(step_s=0.1, prompt_tokens=0, prompt_s=0.0)
+    slowed.observe(step_s=0.9, prompt_tokens=20, prompt_s=0.2)
+    assert slowed.chunk(decoding=4, prefilling=1) == 20  # (9 - 1) x 0.1 s / 40 ms
 
 
 def test_worker_checks_step_fingerprint_and_token_digest() -> None:
