@@ -1,6 +1,7 @@
-"""Benchmark set: throughput (serving.py), latency (latency.py) and the gateway (gateway.py,
-on the bundled and the tiny model), one after the other in one run, so their figures come
-from the same machine state.
+"""Benchmark set: serving.py, latency.py and gateway.py one after the other, in one run.
+
+Throughput, latency and the gateway (on the bundled and the tiny model), so their figures
+come from the same machine state.
 
     .venv/bin/python bench/all.py [--ranks 1 3] [--quick]
 
