@@ -7,8 +7,8 @@ With a fixed chunk (512 tokens) a long prompt stretched their inter-token latenc
 chunk from what it measures: the time of a decode-only step, and what each prefilled
 token adds to a step, so that a step with prefill lasts about `max_slowdown` decode-only
 steps. What a token adds is taken from the whole step, not from mlx-lm's prefill timer
-alone: a step with prefill also decodes slower (mlx-lm clears MLX's buffer cache after
-each chunk), and paced by the timer alone the streams' steps ran 4x, not 2.5x, long. With no
+alone: the streams wait for the whole step, and a step with prefill also decodes slower
+(mlx-lm evaluates the chunk synchronously and clears MLX's buffer cache after it). With no
 stream decoding, the prompt gets the whole `max_chunk` (its time to first token is all
 that matters then). The chunk travels in the StepPlan, so every rank prefills alike.
 """
@@ -22,6 +22,7 @@ SMOOTHING = 0.3  # weight of the newest measurement in the running averages
 class PrefillPacer:
     def __init__(self, max_chunk: int, max_slowdown: float) -> None:
         self.max_chunk = max_chunk
+        self.min_chunk = min(MIN_CHUNK, max_chunk)
         self.max_slowdown = max_slowdown  # 0: off, every chunk is max_chunk
         self.decode_step_s: float | None = None  # a step that only decodes
         self.token_s: float | None = None  # seconds a prompt token adds to a step
@@ -31,10 +32,10 @@ class PrefillPacer:
         if not (decoding and prefilling) or self.max_slowdown <= 1:
             return self.max_chunk
         if self.decode_step_s is None or self.token_s is None:
-            return min(MIN_CHUNK, self.max_chunk)  # measure before committing to more
+            return self.min_chunk  # measure before committing to more
         budget_s = (self.max_slowdown - 1) * self.decode_step_s
         per_sequence = int(budget_s / self.token_s) // prefilling
-        return max(min(MIN_CHUNK, self.max_chunk), min(per_sequence, self.max_chunk))
+        return max(self.min_chunk, min(per_sequence, self.max_chunk))
 
     def observe(self, step_s: float, prompt_tokens: int, prompt_s: float) -> None:
         """One finished step: its wall time and the prefill inside it (mlx-lm's counters)."""

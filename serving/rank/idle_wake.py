@@ -37,10 +37,9 @@ class IdleSleep:
         signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
         signal.signal(WAKE_SIGNAL, lambda *_: None)
 
-    def sleep(self, seconds: float) -> bool:
-        """Sleep up to `seconds`; True if a signal ended it early."""
-        ready, _, _ = select.select([self._read], [], [], seconds)
+    def sleep(self, seconds: float) -> None:
+        """Sleep up to `seconds`, less if a signal comes."""
+        select.select([self._read], [], [], seconds)
         with contextlib.suppress(BlockingIOError):
             while self._read.recv(4096):
                 pass
-        return bool(ready)
