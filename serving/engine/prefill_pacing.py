@@ -7,8 +7,8 @@ With a fixed chunk (512 tokens) a long prompt stretched their inter-token latenc
 chunk from what it measures: the time of a decode-only step, and what each prefilled
 token adds to a step, so that a step with prefill lasts about `max_slowdown` decode-only
 steps. What a token adds is taken from the whole step, not from mlx-lm's prefill timer
-alone: the streams wait for the whole step, and a step with prefill also decodes slower
-(mlx-lm evaluates the chunk synchronously and clears MLX's buffer cache after it). With no
+alone: the streams wait for the whole step, and any chunk adds a forward pass over the
+weights and the KV cache (at 1 rank here about a decode step, whatever its size). With no
 stream decoding, the prompt gets the whole `max_chunk` (its time to first token is all
 that matters then). The chunk travels in the StepPlan, so every rank prefills alike.
 """
