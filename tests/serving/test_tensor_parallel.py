@@ -12,11 +12,7 @@ import pytest
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import metric_value
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "List three prime numbers.",
-]
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 # Every processor at once, sampled with a seed: every rank must apply them alike (the
 # plan carries them) or the next plan's token digest stops the gang with a desync.
 PROCESSED = {
@@ -73,8 +69,8 @@ def test_three_ranks_match_one_rank_on_bundled_model(
     """SmolLM2 (4-bit, as Macs serve it) at 3 ranks: greedy text and token counts equal the
     1-rank run, and so do a seeded sample through every logits processor and a second turn
     from the prefix cache."""
-    single = greedy_outputs(tmp_path / "r1", bundled_quantized_dir, 1, 16)
-    assert greedy_outputs(tmp_path / "r3", bundled_quantized_dir, 3, 16) == single
+    single = greedy_outputs(tmp_path / "r1", bundled_quantized_dir, 1, 10)
+    assert greedy_outputs(tmp_path / "r3", bundled_quantized_dir, 3, 10) == single
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
