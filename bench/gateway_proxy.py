@@ -27,8 +27,6 @@ import contextlib
 import http.client
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +36,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.gateway import percentile  # noqa: E402
+from testkit.ports import free_ports  # noqa: E402
 
 KINDS = ("models", "plain", "stream")
 WARMUP_PAIRS = 20
@@ -126,12 +127,6 @@ def serve(role: str, port: int, arg: str, loop: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", loop=loop)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def processes(commands: list[list[str]]) -> Iterator[None]:
     """Start each command in its own process group; end them all by group."""
@@ -188,15 +183,11 @@ def differences_ms(direct: int, gateway: int, kind: str, pairs: int) -> list[flo
         seconds = {port: timed(connections[port], kind) for port in order}
         differences.append((seconds[gateway] - seconds[direct]) * 1000)
         time.sleep(0.005)
-    return sorted(differences[WARMUP_PAIRS:])
-
-
-def percentile(values: list[float], q: float) -> float:
-    return values[min(len(values) - 1, int(q * len(values)))]
+    return differences[WARMUP_PAIRS:]
 
 
 def measure(delay_s: float, pairs: int, keep_awake: bool, loop: str) -> dict[str, dict[str, float]]:
-    direct, gateway = free_port(), free_port()
+    direct, gateway = free_ports(2)
     me = [sys.executable, __file__, "--serve"]
     commands = [[*me, "standin", str(direct), str(delay_s), "asyncio"],
                 [*me, "gateway", str(gateway), f"http://127.0.0.1:{direct}", loop]]
@@ -212,7 +203,7 @@ def measure(delay_s: float, pairs: int, keep_awake: bool, loop: str) -> dict[str
         figures = {}
         for kind in KINDS:
             values = differences_ms(direct, gateway, kind, pairs)
-            figures[kind] = {"p50": statistics.median(values), "p90": percentile(values, 0.9),
+            figures[kind] = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
                              "p99": percentile(values, 0.99), "n": len(values)}
             print(f"{loop} delay {delay_s * 1000:.0f} ms{' keep-awake' if keep_awake else ''} "
                   f"{kind:6s} "
