@@ -25,6 +25,9 @@ FAULT = "ORCHESTRATOR_FAULT"
 FAULT_FILE = "ORCHESTRATOR_FAULT_FILE"
 # "reference": do not load an optimized BLAS on Linux (serving/blas.py), e.g. to compare.
 BLAS = "ORCHESTRATOR_BLAS"
+# How many ranks of the launch run on this rank's machine (nodes with one kernel boot_id,
+# e.g. network namespaces), so serving/blas.py splits the cores among them.
+RANKS_ON_MACHINE = "ORCHESTRATOR_RANKS_ON_MACHINE"
 # Test aid: rank 0 makes every completion emit exactly this text (then EOS), whatever the
 # model says, through the real sampling path (e.g. a tiny model "calling" a tool).
 FORCED_OUTPUT = "ORCHESTRATOR_FORCED_OUTPUT"

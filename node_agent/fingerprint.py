@@ -67,6 +67,7 @@ def collect_fingerprint(model: str | None, code_digest: str | None) -> NodeFinge
         arch=platform.machine(),
         chip=guard("chip", lambda: _chip(is_mac, unavailable)),
         cpu_count=os.cpu_count(),
+        boot_id=guard("boot_id", _boot_id) if not is_mac else None,
         memory=guard("memory", lambda: system.memory(psutil)),
         gpu_wired_limit_mb=guard("gpu_wired_limit", lambda: _wired_limit(unavailable))
         if is_mac
@@ -134,6 +135,10 @@ def _chip(is_mac: bool, unavailable: dict[str, str]) -> str | None:
         return linux.parse_cpuinfo_model(Path("/proc/cpuinfo").read_text()) or platform.processor()
     except OSError:
         return platform.processor() or None
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def _wired_limit(unavailable: dict[str, str]) -> int | None:

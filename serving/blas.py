@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from contract.blas import find_openblas
-from contract.rank_env import BLAS, HOSTFILE, RANK
+from contract.rank_env import BLAS, HOSTFILE, RANK, RANKS_ON_MACHINE
 
 _loaded: str | None = None  # what load_openblas loaded in this process
 
@@ -42,10 +42,18 @@ def loaded_openblas() -> str | None:
 def _threads_per_rank() -> int:
     """This machine's cores shared by the ranks on it (a local test cluster runs several)."""
     cores = os.cpu_count() or 1
+    return max(1, cores // _ranks_on_machine())
+
+
+def _ranks_on_machine() -> int:
+    """As the launch plan counted them from the nodes' boot_ids; a rank started without it
+    (by hand, or by the test harness) counts the ranks behind its own address."""
+    planned = os.environ.get(RANKS_ON_MACHINE, "")
+    if planned.isdigit():
+        return max(1, int(planned))
     try:
         hosts = json.loads(Path(os.environ[HOSTFILE]).read_text(encoding="utf-8"))
         mine = hosts[int(os.environ[RANK])][0].rsplit(":", 1)[0]
-        local = sum(entry[0].rsplit(":", 1)[0] == mine for entry in hosts)
+        return max(1, sum(entry[0].rsplit(":", 1)[0] == mine for entry in hosts))
     except (KeyError, OSError, ValueError, IndexError, TypeError):
-        local = 1
-    return max(1, cores // max(local, 1))
+        return 1

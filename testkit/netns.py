@@ -121,10 +121,6 @@ class MultiHost:
             "identity_file": str(self.user_key),
             "known_hosts": str(self.known_hosts),
             "python": sys.executable,
-            # The hosts share this machine's cores, which a rank cannot see: serving/blas.py
-            # splits them only among ranks behind one address. 2 OpenBLAS threads per rank
-            # for 3 ranks on 2 cores took a 12-token completion from 21 s to 45 s.
-            "env": {"OPENBLAS_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // len(self.hosts)))},
         }
         if self.topology == "switch":
             table["ip"] = self.data_ip(i)

@@ -12,6 +12,7 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -50,7 +51,10 @@ def new_launch_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def build_plan(spec: ClusterSpec, launch_id: str) -> LaunchPlan:
+def build_plan(
+    spec: ClusterSpec, launch_id: str, boot_ids: Mapping[str, str | None] | None = None
+) -> LaunchPlan:
+    """`boot_ids`: each node's kernel boot_id from its fingerprint, where known."""
     settings = RankSettings(
         model=spec.model,
         serving=spec.serving,
@@ -69,7 +73,7 @@ def build_plan(spec: ClusterSpec, launch_id: str) -> LaunchPlan:
             rank=rank,
             node=node.name,
             argv=[node.python_executable, "-m", "serving", "--settings", rank_env.SETTINGS_FILE],
-            env=_env(spec, node, rank, launch_id),
+            env=_env(spec, node, rank, launch_id) | _sharing(spec, node, boot_ids or {}),
             cwd=node.workdir or f"{RUNS_DIR}/{spec.cluster.name}/{launch_id}/rank{rank}",
             files=files,
         )
@@ -107,6 +111,18 @@ def _env(spec: ClusterSpec, node: NodeSpec, rank: int, launch_id: str) -> dict[s
         env[rank_env.IBV_DEVICES] = rank_env.DEVICES_FILE
         env.setdefault(rank_env.METAL_FAST_SYNCH, "1")
     return env
+
+
+def _sharing(
+    spec: ClusterSpec, node: NodeSpec, boot_ids: Mapping[str, str | None]
+) -> dict[str, str]:
+    """How many ranks share this node's kernel, and so its cores (namespaces or containers on
+    one machine); unknown: the rank guesses from its hostfile (serving/blas.py)."""
+    mine = boot_ids.get(node.name)
+    if mine is None:
+        return {}
+    sharing = sum(boot_ids.get(other.name) == mine for other in spec.nodes)
+    return {rank_env.RANKS_ON_MACHINE: str(sharing)}
 
 
 def plan_as_toml(plan: LaunchPlan) -> str:

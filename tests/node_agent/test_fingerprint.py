@@ -35,6 +35,7 @@ def test_this_machine() -> None:
     assert fp.python.executable == sys.executable
     assert fp.gpu_wired_limit_mb is None  # macOS only
     assert fp.code_digest == "digest"
+    assert fp.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def test_model_path_sets_disk_probe(tmp_path: Path) -> None:

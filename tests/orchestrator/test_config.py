@@ -356,6 +356,17 @@ def test_ring_links_give_each_rank_its_address_towards_the_previous_node(tmp_pat
     ]
 
 
+def test_ranks_sharing_a_kernel_are_told_how_many_share_it(tmp_path: Path) -> None:
+    """Nodes with one boot_id (namespaces of one machine) split its cores: each rank's env
+    says how many ranks run there; a node of unknown boot_id gets no count."""
+    spec = load_cluster(write(tmp_path, RING_OF_THREE))
+    plan = build_plan(spec, "L1", {"a": "k1", "b": None, "c": "k1"})
+    shared = [rank.env.get("ORCHESTRATOR_RANKS_ON_MACHINE") for rank in plan.ranks]
+    assert shared == ["2", None, "2"]
+    alone = build_plan(spec, "L1", {"a": "k1", "b": "k2", "c": "k3"})
+    assert [rank.env["ORCHESTRATOR_RANKS_ON_MACHINE"] for rank in alone.ranks] == ["1"] * 3
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

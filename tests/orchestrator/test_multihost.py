@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import tomllib
 from pathlib import Path
@@ -65,6 +66,12 @@ def only_sshd_left(net: MultiHost, within_s: float = 30.0) -> bool:
     return False
 
 
+def blas_line(output: str, node: str) -> str:
+    """The BLAS line of the rank on `node` in the orchestrator's output."""
+    lines = output.splitlines()
+    return next((line for line in lines if f"[{node} r" in line and "BLAS:" in line), "")
+
+
 def serve_and_compare(net: MultiHost, config: Path, reference: list[str]) -> None:
     url = api_url(config)
     with running(config, url=url) as orchestrator:
@@ -74,6 +81,10 @@ def serve_and_compare(net: MultiHost, config: Path, reference: list[str]) -> Non
             (host.name, True) for host in net.hosts
         ]
         assert [r["state"] for r in status["ranks"]] == ["running"] * len(net.hosts)
+        # One kernel under every host: the plan has the ranks split its cores for OpenBLAS.
+        threads = max(1, (os.cpu_count() or 1) // len(net.hosts))
+        for host in net.hosts:
+            assert f"{threads} threads" in blas_line(orchestrator.text, host.name)
         assert run_cli("down", str(config)).returncode == 0
         assert orchestrator.wait_exit() == 0
     assert only_sshd_left(net)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from contract.settings import (
     dump_settings,
     load_settings,
 )
+from serving.blas import _threads_per_rank
 from serving.distributed import DistributedEnvError, detect_env, is_peer_lost
 from serving.engine.prefill_pacing import MIN_CHUNK, PrefillPacer
 from serving.engine.step_plan import (
@@ -168,3 +170,24 @@ def test_a_header_without_rank0s_data_is_a_lost_peer() -> None:
     with pytest.raises(RuntimeError) as caught:
         channel.finish_receive(mx.zeros(HEADER_LEN, dtype=mx.int64))
     assert is_peer_lost(caught.value)
+
+
+def test_blas_threads_split_among_the_ranks_of_one_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch plan's count wins; without it, the ranks behind this rank's address."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    hostfile = tmp_path / "hostfile.json"
+    hostfile.write_text('[["10.0.0.1:1"], ["10.0.0.1:2"], ["10.0.0.2:3"], ["10.0.0.1:4"]]')
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    monkeypatch.setenv("MLX_RANK", "1")
+    assert _threads_per_rank() == 2  # 3 ranks behind 10.0.0.1
+    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "4")
+    assert _threads_per_rank() == 2
+    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "1")
+    assert _threads_per_rank() == 8
+    monkeypatch.setenv("MLX_RANK", "2")
+    monkeypatch.delenv("ORCHESTRATOR_RANKS_ON_MACHINE")
+    assert _threads_per_rank() == 8  # alone behind 10.0.0.2
+    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "16")
+    assert _threads_per_rank() == 1
