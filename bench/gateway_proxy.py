@@ -11,6 +11,10 @@ separate processes, as in production. Per delay and kind (`GET /v1/models`, a pl
 goes direct and through the gateway, the order alternating per pair, each path over its
 own keep-alive connection; per pair: gateway - direct, the first 20 pairs are warm-up.
 
+A bare relay (`relay_app`: the same pooled aiohttp hop with nothing else) runs beside
+them and is measured the same way: the floor of any Python process in the path, so
+gateway - relay is what the gateway's own code costs.
+
 bench/gateway.py measures the same through a real `orchestrator up`, where the engine's
 timing noise is larger than the proxy's cost. With `--keep-awake`, one SCHED_IDLE spinner per
 CPU keeps the (virtual) CPUs out of idle, so the part of the cost that is waking an idle
@@ -53,6 +57,15 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
+async def request_body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 def standin_app(delay_s: float) -> Callable[[dict[str, Any], Receive, Send], Awaitable[None]]:
     """Rank 0's API reduced to fixed answers after `delay_s`: what is left is HTTP."""
 
@@ -68,12 +81,7 @@ def standin_app(delay_s: float) -> Callable[[dict[str, Any], Receive, Send], Awa
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         await asyncio.sleep(delay_s)
         if scope["method"] == "GET":
             await respond(200, MODELS, send)
@@ -87,6 +95,39 @@ def standin_app(delay_s: float) -> Callable[[dict[str, Any], Receive, Send], Awa
                             "more_body": True})
             await asyncio.sleep(delay_s)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    return app
+
+
+def relay_app(upstream_url: str) -> Callable[[dict[str, Any], Receive, Send], Awaitable[None]]:
+    """The floor of any Python hop: read the request, send it to the stand-in over the
+    gateway's pooled aiohttp session, pass the answer back as it comes; nothing else (no
+    routing, no checks, no resend, no disconnect watch)."""
+    import aiohttp
+
+    session: list[aiohttp.ClientSession] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                session.append(aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+                    skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent"),
+                    auto_decompress=False))
+                await send({"type": "lifespan.startup.complete"})
+            await session[0].close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = await request_body(receive)
+        headers = {"content-type": "application/json"}
+        async with session[0].request(scope["method"], upstream_url + scope["path"], data=body,
+                                      headers=headers) as response:
+            kind = response.headers.get("content-type", "").encode()
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": [(b"content-type", kind)]})
+            async for chunk in response.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     return app
 
@@ -114,6 +155,8 @@ def serve(role: str, port: int, arg: str, loop: str) -> None:
 
     if role == "standin":
         app: Any = standin_app(float(arg))
+    elif role == "relay":
+        app = relay_app(arg)
     else:
         from orchestrator.gateway.app import create_app
         from orchestrator.metrics import OrchestratorMetrics
@@ -138,7 +181,11 @@ def processes(commands: list[list[str]]) -> Iterator[None]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, 15)
         for process in started:
-            process.wait(10)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:  # e.g. a stand-in still inside a long delay
+                os.killpg(process.pid, 9)
+                process.wait()
 
 
 def wait_ready(port: int) -> None:
@@ -186,29 +233,36 @@ def differences_ms(direct: int, gateway: int, kind: str, pairs: int) -> list[flo
     return differences[WARMUP_PAIRS:]
 
 
-def measure(delay_s: float, pairs: int, keep_awake: bool, loop: str) -> dict[str, dict[str, float]]:
-    direct, gateway = free_ports(2)
+def measure(
+    delay_s: float, pairs: int, keep_awake: bool, loop: str
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per hop (the gateway, the bare relay) and kind: percentiles of hop - direct."""
+    direct, gateway, relay = free_ports(3)
     me = [sys.executable, __file__, "--serve"]
+    upstream = f"http://127.0.0.1:{direct}"
     commands = [[*me, "standin", str(direct), str(delay_s), "asyncio"],
-                [*me, "gateway", str(gateway), f"http://127.0.0.1:{direct}", loop]]
+                [*me, "gateway", str(gateway), upstream, loop],
+                [*me, "relay", str(relay), upstream, loop]]
     if keep_awake:
         # SCHED_IDLE: runs only when nothing else wants the CPU (nice 19 still takes slices).
         spin = [sys.executable, "-c",
                 "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
                 "while True: pass"]
         commands += [spin] * (os.cpu_count() or 1)
+    figures: dict[str, dict[str, dict[str, float]]] = {"gateway": {}, "relay": {}}
     with processes(commands):
-        wait_ready(direct)
-        wait_ready(gateway)
-        figures = {}
+        for port in (direct, gateway, relay):
+            wait_ready(port)
         for kind in KINDS:
-            values = differences_ms(direct, gateway, kind, pairs)
-            figures[kind] = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
-                             "p99": percentile(values, 0.99), "n": len(values)}
-            print(f"{loop} delay {delay_s * 1000:.0f} ms{' keep-awake' if keep_awake else ''} "
-                  f"{kind:6s} "
-                  f"gateway - direct: p50 {figures[kind]['p50']:.3f} ms, "
-                  f"p90 {figures[kind]['p90']:.3f}, p99 {figures[kind]['p99']:.3f}", flush=True)
+            for hop, port in (("gateway", gateway), ("relay", relay)):
+                values = differences_ms(direct, port, kind, pairs)
+                got = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
+                       "p99": percentile(values, 0.99), "n": len(values)}
+                figures[hop][kind] = got
+                print(f"{loop} delay {delay_s * 1000:.0f} ms"
+                      f"{' keep-awake' if keep_awake else ''} {kind:6s} {hop:7s} - direct: "
+                      f"p50 {got['p50']:.3f} ms, p90 {got['p90']:.3f}, p99 {got['p99']:.3f}",
+                      flush=True)
     return figures
 
 
