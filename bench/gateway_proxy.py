@@ -41,6 +41,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import psutil  # noqa: E402
+
 from bench.gateway import percentile  # noqa: E402
 from testkit.ports import free_ports  # noqa: E402
 
@@ -171,11 +173,11 @@ def serve(role: str, port: int, arg: str, loop: str) -> None:
 
 
 @contextlib.contextmanager
-def processes(commands: list[list[str]]) -> Iterator[None]:
+def processes(commands: list[list[str]]) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Start each command in its own process group; end them all by group."""
     started = [subprocess.Popen(command, start_new_session=True) for command in commands]
     try:
-        yield
+        yield started
     finally:
         for process in started:
             with contextlib.suppress(ProcessLookupError):
@@ -250,19 +252,25 @@ def measure(
                 "while True: pass"]
         commands += [spin] * (os.cpu_count() or 1)
     figures: dict[str, dict[str, dict[str, float]]] = {"gateway": {}, "relay": {}}
-    with processes(commands):
+    with processes(commands) as started:
         for port in (direct, gateway, relay):
             wait_ready(port)
+        hops = {"gateway": (gateway, psutil.Process(started[1].pid)),
+                "relay": (relay, psutil.Process(started[2].pid))}
         for kind in KINDS:
-            for hop, port in (("gateway", gateway), ("relay", relay)):
+            for hop, (port, process) in hops.items():
+                cpu_before = sum(process.cpu_times()[:2])
                 values = differences_ms(direct, port, kind, pairs)
+                # The hop's process serves only its own requests: its CPU time per request
+                # is far steadier than latency on a shared machine.
+                cpu_ms = (sum(process.cpu_times()[:2]) - cpu_before) * 1000 / pairs
                 got = {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9),
-                       "p99": percentile(values, 0.99), "n": len(values)}
+                       "p99": percentile(values, 0.99), "n": len(values), "cpu_ms": cpu_ms}
                 figures[hop][kind] = got
                 print(f"{loop} delay {delay_s * 1000:.0f} ms"
                       f"{' keep-awake' if keep_awake else ''} {kind:6s} {hop:7s} - direct: "
-                      f"p50 {got['p50']:.3f} ms, p90 {got['p90']:.3f}, p99 {got['p99']:.3f}",
-                      flush=True)
+                      f"p50 {got['p50']:.3f} ms, p90 {got['p90']:.3f}, p99 {got['p99']:.3f}; "
+                      f"its CPU {cpu_ms:.3f} ms a request", flush=True)
     return figures
 
 
