@@ -210,7 +210,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = RankSettings(model=ModelSettings(path=args.model))
     model_dir = resolve(settings, float32=find_openblas() is not None)  # as the ranks serve it
-    figures = []
+    figures: list[Figures] = []
     for ranks in args.ranks:
         # Servers alternate within each repetition (each started fresh), so drift in
         # the machine's load (2 shared cores) does not favour whichever ran first.
