@@ -6,6 +6,8 @@ records why under `NodeFingerprint.unavailable[<probe>]`, never a crash.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
@@ -129,3 +131,10 @@ class NodeFingerprint(Struct, kw_only=True):
     def addresses(self) -> set[str]:
         """Every address of every interface, to check a node owns its configured ip."""
         return {a for i in self.interfaces for a in i.addresses}
+
+
+def ranks_on_machine(fingerprints: Mapping[str, NodeFingerprint]) -> dict[str, int]:
+    """For each node whose boot_id is known, how many of these nodes run on its kernel, and
+    so share its cores and memory (network namespaces or containers of one machine)."""
+    counts = Counter(fp.boot_id for fp in fingerprints.values() if fp.boot_id)
+    return {name: counts[fp.boot_id] for name, fp in fingerprints.items() if fp.boot_id}

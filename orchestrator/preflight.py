@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from contract.fingerprint import ModelConfigInfo, NodeFingerprint
+from contract.fingerprint import ModelConfigInfo, NodeFingerprint, ranks_on_machine
 from orchestrator.config import ClusterSpec
 from orchestrator.config.links import rank_addresses
 
@@ -173,21 +173,28 @@ def _memory(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailur
         return
     need = model.weight_bytes / spec.world_size + _kv_margin_bytes(spec, prints)
     reserve = spec.preflight.reserve_memory_gb * GIB
+    sharing = ranks_on_machine(prints)  # nodes on one kernel share its memory
     for node in spec.nodes:
         fingerprint = prints[node.name]
         usable = _usable_memory(fingerprint)
-        if usable is None:
+        ranks = sharing.get(node.name, 1)
+        if usable is None or need * ranks <= usable - reserve:
             continue
-        if need > usable - reserve:
-            yield PreflightFailure(
-                node.name,
-                "memory",
-                f"needs {need / GIB:.1f} GiB (its share of the weights plus KV cache) but has "
-                f"{usable / GIB:.1f} GiB usable, less "
-                f"{spec.preflight.reserve_memory_gb:g} GiB reserved",
-                "add nodes, use a smaller or more quantized model, free memory on the node, or "
-                "raise iogpu.wired_limit_mb (macOS)",
-            )
+        together = (
+            f"; {ranks} ranks share this machine: {need * ranks / GIB:.1f} GiB together"
+            if ranks > 1
+            else ""
+        )
+        yield PreflightFailure(
+            node.name,
+            "memory",
+            f"needs {need / GIB:.1f} GiB (its share of the weights plus KV cache){together} "
+            f"but has {usable / GIB:.1f} GiB usable, less "
+            f"{spec.preflight.reserve_memory_gb:g} GiB reserved",
+            ("run these ranks on separate machines, " if ranks > 1 else "add nodes, ")
+            + "use a smaller or more quantized model, free memory on the node, or "
+            "raise iogpu.wired_limit_mb (macOS)",
+        )
 
 
 def _usable_memory(fingerprint: NodeFingerprint) -> float | None:

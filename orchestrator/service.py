@@ -98,7 +98,7 @@ class Service:
                 self.machine,
                 monitor,
                 Rank0Probe(http),
-                lambda: Gang(build_plan(self.spec, new_launch_id(), pool.boot_ids()), pool),
+                lambda: Gang(build_plan(self.spec, new_launch_id(), pool.fingerprints()), pool),
                 links=links,
                 on_launch=self._record_launch,
             )

@@ -19,6 +19,7 @@ import msgspec
 import tomli_w
 
 from contract import rank_env
+from contract.fingerprint import NodeFingerprint, ranks_on_machine
 from contract.settings import RankSettings, encode_settings
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.links import rank_addresses
@@ -52,9 +53,10 @@ def new_launch_id() -> str:
 
 
 def build_plan(
-    spec: ClusterSpec, launch_id: str, boot_ids: Mapping[str, str | None] | None = None
+    spec: ClusterSpec, launch_id: str, fingerprints: Mapping[str, NodeFingerprint] | None = None
 ) -> LaunchPlan:
-    """`boot_ids`: each node's kernel boot_id from its fingerprint, where known."""
+    """`fingerprints`: the nodes' latest, where taken (they tell which share a machine)."""
+    sharing = ranks_on_machine(fingerprints or {})
     settings = RankSettings(
         model=spec.model,
         serving=spec.serving,
@@ -73,7 +75,7 @@ def build_plan(
             rank=rank,
             node=node.name,
             argv=[node.python_executable, "-m", "serving", "--settings", rank_env.SETTINGS_FILE],
-            env=_env(spec, node, rank, launch_id) | _sharing(spec, node, boot_ids or {}),
+            env=_env(spec, node, rank, launch_id, sharing.get(node.name)),
             cwd=node.workdir or f"{RUNS_DIR}/{spec.cluster.name}/{launch_id}/rank{rank}",
             files=files,
         )
@@ -98,9 +100,13 @@ def _hostfile(spec: ClusterSpec) -> list[list[str]]:
     ]
 
 
-def _env(spec: ClusterSpec, node: NodeSpec, rank: int, launch_id: str) -> dict[str, str]:
+def _env(
+    spec: ClusterSpec, node: NodeSpec, rank: int, launch_id: str, sharing: int | None
+) -> dict[str, str]:
     env = dict(node.env)
     env.update({rank_env.LAUNCH_ID: launch_id, "PYTHONUNBUFFERED": "1"})
+    if sharing is not None:  # else the rank guesses from its hostfile (serving/blas.py)
+        env[rank_env.RANKS_ON_MACHINE] = str(sharing)
     if spec.world_size == 1:
         return env  # no distributed env: the rank runs alone, without a backend
     env[rank_env.RANK] = str(rank)
@@ -111,18 +117,6 @@ def _env(spec: ClusterSpec, node: NodeSpec, rank: int, launch_id: str) -> dict[s
         env[rank_env.IBV_DEVICES] = rank_env.DEVICES_FILE
         env.setdefault(rank_env.METAL_FAST_SYNCH, "1")
     return env
-
-
-def _sharing(
-    spec: ClusterSpec, node: NodeSpec, boot_ids: Mapping[str, str | None]
-) -> dict[str, str]:
-    """How many ranks share this node's kernel, and so its cores (namespaces or containers on
-    one machine); unknown: the rank guesses from its hostfile (serving/blas.py)."""
-    mine = boot_ids.get(node.name)
-    if mine is None:
-        return {}
-    sharing = sum(boot_ids.get(other.name) == mine for other in spec.nodes)
-    return {rank_env.RANKS_ON_MACHINE: str(sharing)}
 
 
 def plan_as_toml(plan: LaunchPlan) -> str:

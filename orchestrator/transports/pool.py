@@ -136,12 +136,9 @@ class NodePool:
         results = await asyncio.gather(*(one(name) for name in names))
         return dict(zip(names, results, strict=True))
 
-    def boot_ids(self) -> dict[str, str | None]:
-        """Each node's kernel boot_id from its last fingerprint: equal ids share one machine."""
-        return {
-            name: node.fingerprint.boot_id if node.fingerprint else None
-            for name, node in self.nodes.items()
-        }
+    def fingerprints(self) -> dict[str, NodeFingerprint]:
+        """Each node's latest fingerprint, where one was taken."""
+        return {name: n.fingerprint for name, n in self.nodes.items() if n.fingerprint}
 
     async def close_all(self) -> None:
         await asyncio.gather(*(self._close_node(node) for node in self.nodes.values()))

@@ -9,8 +9,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from contract.fingerprint import NodeFingerprint
+from node_agent.fingerprint import collect_fingerprint
 from orchestrator.config import ConfigErrors, ConfigIssue, check_cluster_file, load_cluster
 from orchestrator.config.links import hops
 from orchestrator.launch.plan import build_plan
@@ -360,11 +363,17 @@ def test_ranks_sharing_a_kernel_are_told_how_many_share_it(tmp_path: Path) -> No
     """Nodes with one boot_id (namespaces of one machine) split its cores: each rank's env
     says how many ranks run there; a node of unknown boot_id gets no count."""
     spec = load_cluster(write(tmp_path, RING_OF_THREE))
-    plan = build_plan(spec, "L1", {"a": "k1", "b": None, "c": "k1"})
+    here = collect_fingerprint(None, None)
+
+    def on(**boot_ids: str | None) -> dict[str, NodeFingerprint]:
+        return {name: msgspec.structs.replace(here, boot_id=b) for name, b in boot_ids.items()}
+
+    plan = build_plan(spec, "L1", on(a="k1", b=None, c="k1"))
     shared = [rank.env.get("ORCHESTRATOR_RANKS_ON_MACHINE") for rank in plan.ranks]
     assert shared == ["2", None, "2"]
-    alone = build_plan(spec, "L1", {"a": "k1", "b": "k2", "c": "k3"})
+    alone = build_plan(spec, "L1", on(a="k1", b="k2", c="k3"))
     assert [rank.env["ORCHESTRATOR_RANKS_ON_MACHINE"] for rank in alone.ranks] == ["1"] * 3
+    assert "ORCHESTRATOR_RANKS_ON_MACHINE" not in build_plan(spec, "L1").ranks[0].env
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.load import check_cluster_data
-from orchestrator.preflight import PreflightFailure, run_preflight
+from orchestrator.preflight import PreflightFailure, _kv_margin_bytes, run_preflight
 from orchestrator.transports import LocalTransport
 
 replace = msgspec.structs.replace
@@ -115,6 +115,29 @@ async def test_memory_too_small(bundled_fingerprint: NodeFingerprint) -> None:
     failures = run_preflight(spec, prints_for(spec, bundled_fingerprint))
     assert checks(failures) == ["memory"]
     assert "GiB usable" in failures[0].found
+
+
+async def test_ranks_on_one_machine_share_its_memory(
+    bundled_fingerprint: NodeFingerprint,
+) -> None:
+    """Three ranks whose nodes report one kernel (namespaces of one machine) need their
+    shares together: room for two shares fails them, naming the sum; three machines pass."""
+    spec = cluster("bundled:smollm2-135m-instruct", 3)
+    prints = prints_for(spec, bundled_fingerprint)
+    assert bundled_fingerprint.model and bundled_fingerprint.memory
+    need = bundled_fingerprint.model.weight_bytes / 3 + _kv_margin_bytes(spec, prints)
+    usable = bundled_fingerprint.memory.available_bytes or bundled_fingerprint.memory.total_bytes
+    reserve_gb = (usable - 2 * need) / 1024**3  # room for two ranks' shares
+    spec = cluster("bundled:smollm2-135m-instruct", 3, preflight={"reserve_memory_gb": reserve_gb})
+    failures = run_preflight(spec, prints)
+    assert checks(failures) == ["memory"] * 3
+    assert "3 ranks share this machine" in failures[0].found
+    assert "separate machines" in failures[0].fix
+    apart = {
+        node.name: replace(bundled_fingerprint, boot_id=f"machine-{i}")
+        for i, node in enumerate(spec.nodes)
+    }
+    assert run_preflight(spec, apart) == []
 
 
 async def test_ip_not_owned(bundled_fingerprint: NodeFingerprint) -> None:
