@@ -110,7 +110,7 @@ class NodeFingerprint(Struct, kw_only=True):
     chip: str | None = None
     cpu_count: int | None = None
     # Linux: the running kernel's boot_id, the same in every namespace and container on it,
-    # so nodes with equal ids share one machine's cores (the launch plan counts them).
+    # so nodes with equal ids share one machine's cores and memory (ranks_on_machine).
     boot_id: str | None = None
     memory: MemoryInfo | None = None
     gpu_wired_limit_mb: int | None = None  # macOS `iogpu.wired_limit_mb`; 0 = system default
