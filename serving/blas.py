@@ -40,9 +40,10 @@ def loaded_openblas() -> str | None:
 
 
 def _threads_per_rank() -> int:
-    """This machine's cores shared by the ranks on it (a local test cluster runs several)."""
-    cores = os.cpu_count() or 1
-    return max(1, cores // _ranks_on_machine())
+    """This machine's cores shared by the ranks on it (a local test cluster runs several):
+    the CPUs this process may run on (a container's cpuset, taskset), not the host's."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // _ranks_on_machine())
 
 
 def _ranks_on_machine() -> int:

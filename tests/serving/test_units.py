@@ -176,7 +176,7 @@ def test_blas_threads_split_among_the_ranks_of_one_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The launch plan's count wins; without it, the ranks behind this rank's address."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))  # 8 CPUs of ours
     hostfile = tmp_path / "hostfile.json"
     hostfile.write_text('[["10.0.0.1:1"], ["10.0.0.1:2"], ["10.0.0.2:3"], ["10.0.0.1:4"]]')
     monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
@@ -191,3 +191,16 @@ def test_blas_threads_split_among_the_ranks_of_one_machine(
     assert _threads_per_rank() == 8  # alone behind 10.0.0.2
     monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "16")
     assert _threads_per_rank() == 1
+
+
+def test_blas_threads_follow_the_cpus_this_rank_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned to one CPU (as a container's cpuset or taskset would), a rank alone on its
+    machine runs one BLAS thread, whatever the host's count."""
+    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "1")
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        assert _threads_per_rank() == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert _threads_per_rank() == len(allowed)
