@@ -107,15 +107,14 @@ def relay_app(upstream_url: str) -> Callable[[dict[str, Any], Receive, Send], Aw
     routing, no checks, no resend, no disconnect watch)."""
     import aiohttp
 
+    from orchestrator.gateway.app import rank0_session
+
     session: list[aiohttp.ClientSession] = []
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
-                session.append(aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
-                    skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent"),
-                    auto_decompress=False))
+                session.append(rank0_session())
                 await send({"type": "lifespan.startup.complete"})
             await session[0].close()
             await send({"type": "lifespan.shutdown.complete"})

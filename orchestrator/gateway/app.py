@@ -238,6 +238,21 @@ async def _rank0_metrics(gateway: Gateway) -> bytes:
         return b""
 
 
+def rank0_session() -> aiohttp.ClientSession:
+    """The pooled HTTP client the gateway talks to rank 0 with (opened in its event loop)."""
+    # aiohttp rather than httpx for this hop: 0.26 vs 0.61 ms per pooled request to rank 0,
+    # measured here. No read timeout: a long generation is bounded by rank 0's own request
+    # timeout. Nothing is added to the client's headers.
+    timeout = aiohttp.ClientTimeout(total=None, connect=5.0)
+    # Idle connections closed before rank 0's uvicorn closes them (after 5 s): a request
+    # never goes out on a connection the server is closing.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+    skip = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, skip_auto_headers=skip, auto_decompress=False
+    )
+
+
 def create_app(
     view: ClusterView,
     status: Callable[[], ClusterStatus],
@@ -250,17 +265,7 @@ def create_app(
 
     @asynccontextmanager
     async def open_proxy(_: Litestar) -> AsyncIterator[None]:
-        # aiohttp rather than httpx for this hop: 0.26 vs 0.61 ms per pooled request to
-        # rank 0, measured here. No read timeout: a long generation is bounded by
-        # rank 0's own request timeout. Nothing is added to the client's headers.
-        timeout = aiohttp.ClientTimeout(total=None, connect=5.0)
-        # Idle connections closed before rank 0's uvicorn closes them (after 5 s): a request
-        # never goes out on a connection the server is closing.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
-        skip = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, skip_auto_headers=skip, auto_decompress=False
-        ) as client:
+        async with rank0_session() as client:
             gateway.proxy = Proxy(view, client, metrics, request_timeout_s)
             try:
                 yield

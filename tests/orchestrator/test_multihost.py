@@ -82,7 +82,7 @@ def serve_and_compare(net: MultiHost, config: Path, reference: list[str]) -> Non
         ]
         assert [r["state"] for r in status["ranks"]] == ["running"] * len(net.hosts)
         # One kernel under every host: the plan has the ranks split its cores for OpenBLAS.
-        threads = max(1, (os.cpu_count() or 1) // len(net.hosts))
+        threads = max(1, len(os.sched_getaffinity(0)) // len(net.hosts))
         for host in net.hosts:
             assert f"{threads} threads" in blas_line(orchestrator.text, host.name)
         assert run_cli("down", str(config)).returncode == 0
