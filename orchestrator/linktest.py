@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from rich.console import Console
 from rich.table import Table
 
 from contract.agent_protocol import Event, Exited, Log
 from orchestrator.config import ClusterSpec
 from orchestrator.config.links import hops
+from orchestrator.console import report_console
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import LaunchPlan, build_plan, new_launch_id
 from orchestrator.launch.reachability import LinkChecks, link_table
@@ -144,7 +144,7 @@ class LinkReport:
                 "passed": self.passed}
 
     def print(self) -> None:
-        console = Console()
+        console = report_console()
         latency = self.result["latency"]
         console.print(
             f"{self.spec.cluster.name}: {self.result['ranks']} ranks, "

@@ -11,13 +11,12 @@ On macOS MLX runs on Metal and uses Accelerate: nothing to do.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import sys
-from pathlib import Path
 
 from contract.blas import find_openblas
-from contract.rank_env import BLAS, HOSTFILE, RANK, RANKS_ON_MACHINE
+from contract.rank_env import BLAS
+from serving.machine import ranks_on_machine
 
 _loaded: str | None = None  # what load_openblas loaded in this process
 
@@ -43,18 +42,5 @@ def _threads_per_rank() -> int:
     """This machine's cores shared by the ranks on it (a local test cluster runs several):
     the CPUs this process may run on (a container's cpuset, taskset), not the host's."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // _ranks_on_machine())
+    return max(1, (cores or 1) // ranks_on_machine())
 
-
-def _ranks_on_machine() -> int:
-    """As the launch plan counted them from the nodes' boot_ids; a rank started without it
-    (by hand, or by the test harness) counts the ranks behind its own address."""
-    planned = os.environ.get(RANKS_ON_MACHINE, "")
-    if planned.isdigit():
-        return max(1, int(planned))
-    try:
-        hosts = json.loads(Path(os.environ[HOSTFILE]).read_text(encoding="utf-8"))
-        mine = hosts[int(os.environ[RANK])][0].rsplit(":", 1)[0]
-        return max(1, sum(entry[0].rsplit(":", 1)[0] == mine for entry in hosts))
-    except (KeyError, OSError, ValueError, IndexError, TypeError):
-        return 1

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.console import report_console
 from orchestrator.status.model import ClusterStatus, NodeStatus
 
 GIB = 1024**3
@@ -102,4 +103,4 @@ def _duration(seconds: float) -> str:
 
 
 def print_status(status: ClusterStatus) -> None:
-    Console().print(render_status(status))
+    report_console().print(render_status(status))

@@ -14,6 +14,7 @@ from contract.settings import RankSettings
 from serving.distributed import DistributedEnv, barrier, init_group, is_peer_lost
 from serving.engine.batch import MirroredBatch
 from serving.faults import FaultPlan
+from serving.machine import ranks_on_machine
 from serving.model.loading import LoadedModel, ModelLoadError, load
 
 log = logging.getLogger("serving.rank")
@@ -61,16 +62,21 @@ def make_batch(
 
 
 def prompt_cache_bytes(settings: RankSettings, group: mx.distributed.Group) -> int:
-    """The prefix cache's byte bound, equal on every rank (a collective: all ranks call it)."""
+    """The prefix cache's byte bound, equal on every rank (a collective: all ranks call it).
+
+    By default a share of the memory left once every rank has loaded, split among the
+    ranks on this machine: each sees the same free memory, and a cache each sized from
+    all of it would promise that memory several times over."""
     if settings.serving.prompt_cache_gb is not None:
         return int(settings.serving.prompt_cache_gb * 1e9)
-    mine = psutil.virtual_memory().available * DEFAULT_CACHE_SHARE
-    if group.size() == 1:
-        return int(mine)
-    # float32 holds it to ~7 digits: plenty, and every rank gets the very same value.
-    agreed = mx.distributed.all_min(mx.array(mine / 1e6, dtype=mx.float32), group=group)
-    bound = int(float(agreed.item()) * 1e6)  # type: ignore[arg-type]
-    log.info("prefix cache bound %.2f GB on every rank", bound / 1e9)
+    sharing = ranks_on_machine()
+    bound = int(psutil.virtual_memory().available * DEFAULT_CACHE_SHARE / sharing)
+    if group.size() > 1:
+        # float32 holds it to ~7 digits: plenty, and every rank gets the very same value.
+        agreed = mx.distributed.all_min(mx.array(bound / 1e6, dtype=mx.float32), group=group)
+        bound = int(float(agreed.item()) * 1e6)  # type: ignore[arg-type]
+    log.info("prefix cache bound %.2f GB on every rank (%d on this machine)",
+             bound / 1e9, sharing)
     return bound
 
 

@@ -90,6 +90,8 @@ def test_status_shows_three_ready_ranks(smollm_cluster: Cluster) -> None:
     assert all(node["connected"] and node["mlx_version"] for node in status["nodes"])
     table = run_cli("status", str(smollm_cluster.config), env=KEY_ENV)
     assert table.returncode == 0 and "READY" in table.stdout and "r2" in table.stdout
+    # Piped, not a terminal: every cell whole (rich would cut them at 80 columns).
+    assert "…" not in table.stdout and "memory used/total (ranks)" in table.stdout
 
 
 def test_metrics_has_both_families(smollm_cluster: Cluster) -> None:

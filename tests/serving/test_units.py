@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -204,3 +205,26 @@ def test_blas_threads_follow_the_cpus_this_rank_may_use(monkeypatch: pytest.Monk
     finally:
         os.sched_setaffinity(0, allowed)
     assert _threads_per_rank() == len(allowed)
+
+
+def test_prefix_cache_default_is_shared_by_the_ranks_of_one_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every rank on a machine sees all of its free memory: three of them take a third
+    each of what one alone would. A configured bound is taken as it is."""
+    import mlx.core as mx
+
+    from serving.rank import startup
+
+    free = 12 * 10**9
+    monkeypatch.setattr(startup.psutil, "virtual_memory", lambda: SimpleNamespace(available=free))
+    group = mx.distributed.init()  # one rank: no collective
+    settings = RankSettings(model=ModelSettings(path="m"))
+    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "1")
+    assert startup.prompt_cache_bytes(settings, group) == free * startup.DEFAULT_CACHE_SHARE
+    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "3")
+    assert startup.prompt_cache_bytes(settings, group) == free * startup.DEFAULT_CACHE_SHARE // 3
+    configured = RankSettings(
+        model=ModelSettings(path="m"), serving=ServingSettings(prompt_cache_gb=2)
+    )
+    assert startup.prompt_cache_bytes(configured, group) == 2 * 10**9
