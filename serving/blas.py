@@ -43,4 +43,3 @@ def _threads_per_rank() -> int:
     the CPUs this process may run on (a container's cpuset, taskset), not the host's."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // ranks_on_machine())
-
