@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import tomllib
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -150,7 +151,43 @@ def _type_fix(annotation: Any) -> str:
     choices = _literal_choices(annotation)
     if choices:
         return "use one of: " + ", ".join(repr(choice) for choice in choices)
-    return "see docs/configuration.md for this key"
+    expected = _expected(annotation)
+    return f"use {expected}" if expected else "see docs/configuration.md for this key"
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _expected(annotation: Any) -> str | None:
+    """A valid value in words ("an integer from 1 to 65535"), or None if the type is not
+    one a TOML value maps to plainly."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *extras = typing.get_args(annotation)
+        words = _expected(base)
+        limits = [_limits(meta) for meta in extras if isinstance(meta, msgspec.Meta)]
+        return " ".join([words, *filter(None, limits)]) if words else None
+    if origin in (typing.Union, types.UnionType):  # `X | None`: TOML has no null
+        options = [_expected(arg) for arg in typing.get_args(annotation) if arg is not type(None)]
+        return " or ".join(o for o in options if o) if all(options) else None
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        words = _expected(item)
+        return f"a list, each item {words}" if words else None
+    return _TYPE_WORDS.get(annotation)
+
+
+def _limits(meta: msgspec.Meta) -> str:
+    if meta.ge is not None and meta.le is not None:
+        parts = [f"from {meta.ge} to {meta.le}"]
+    else:
+        bounds = ((">=", meta.ge), (">", meta.gt), ("<=", meta.le), ("<", meta.lt))
+        parts = [f"{op} {value}" for op, value in bounds if value is not None]
+    if meta.pattern is not None:
+        parts.append(f"matching {meta.pattern}")
+    if meta.max_length is not None:
+        parts.append(f"of at most {meta.max_length} characters")
+    return ", ".join(parts)
 
 
 def _literal_choices(annotation: Any) -> list[object]:

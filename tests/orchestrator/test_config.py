@@ -276,6 +276,24 @@ def test_broken_config_names_field(tmp_path: Path, text: str, path: str, fragmen
     assert all(issue.fix for issue in matching)
 
 
+@pytest.mark.parametrize(
+    ("text", "path", "fix"),
+    [
+        ("[api]\nport = '8000'\n", "api.port", "use an integer from 1 to 65535"),
+        ("[serving]\nmax_batch_size = 0\n", "serving.max_batch_size", "use an integer >= 1"),
+        ("[serving]\nrequest_timeout_s = 0\n", "serving.request_timeout_s", "use a number > 0"),
+        ("[serving]\nprompt_cache_gb = 'all'\n", "serving.prompt_cache_gb", "use a number >= 0"),
+        ("[serving]\ncomm_profile = 1\n", "serving.comm_profile", "use true or false"),
+    ],
+)
+def test_a_wrong_value_is_told_what_would_do(
+    tmp_path: Path, text: str, path: str, fix: str
+) -> None:
+    """The fix says what a valid value looks like, from the key's type and limits."""
+    (issue,) = errors_of(tmp_path, LOCAL_NODE + text)
+    assert (issue.path, issue.fix) == (path, fix)
+
+
 def test_every_error_reported_at_once(tmp_path: Path) -> None:
     """Three independent mistakes give three issues, not one."""
     text = LOCAL_NODE + "colour = 'red'\n[api]\nport = 0\n[cluster]\nbackend = 'x'\n"
