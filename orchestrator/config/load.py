@@ -164,17 +164,25 @@ def _expected(annotation: Any) -> str | None:
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         base, *extras = typing.get_args(annotation)
+        metas = [meta for meta in extras if isinstance(meta, msgspec.Meta)]
+        if typing.get_origin(base) is list:
+            length = "".join(_length(meta, "items") for meta in metas)
+            return _list_of(base, length)
         words = _expected(base)
-        limits = [_limits(meta) for meta in extras if isinstance(meta, msgspec.Meta)]
-        return " ".join([words, *filter(None, limits)]) if words else None
+        limits = ", ".join(filter(None, (_limits(meta) for meta in metas)))
+        return f"{words} {limits}".strip() if words else None
     if origin in (typing.Union, types.UnionType):  # `X | None`: TOML has no null
         options = [_expected(arg) for arg in typing.get_args(annotation) if arg is not type(None)]
         return " or ".join(o for o in options if o) if all(options) else None
     if origin is list:
-        (item,) = typing.get_args(annotation)
-        words = _expected(item)
-        return f"a list, each item {words}" if words else None
+        return _list_of(annotation, "")
     return _TYPE_WORDS.get(annotation)
+
+
+def _list_of(annotation: Any, length: str) -> str | None:
+    (item,) = typing.get_args(annotation)
+    words = _expected(item)
+    return f"a list{length}, each item {words}" if words else None
 
 
 def _limits(meta: msgspec.Meta) -> str:
@@ -185,9 +193,19 @@ def _limits(meta: msgspec.Meta) -> str:
         parts = [f"{op} {value}" for op, value in bounds if value is not None]
     if meta.pattern is not None:
         parts.append(f"matching {meta.pattern}")
-    if meta.max_length is not None:
-        parts.append(f"of at most {meta.max_length} characters")
-    return ", ".join(parts)
+    parts.append(_length(meta, "characters").strip())
+    return ", ".join(part for part in parts if part)
+
+
+def _length(meta: msgspec.Meta, unit: str) -> str:
+    low, high = meta.min_length, meta.max_length
+    if low is not None and low == high:
+        return f" of exactly {low} {unit}"
+    if low is not None and high is not None:
+        return f" of {low} to {high} {unit}"
+    if high is not None:
+        return f" of at most {high} {unit}"
+    return f" of at least {low} {unit}" if low is not None else ""
 
 
 def _literal_choices(annotation: Any) -> list[object]:

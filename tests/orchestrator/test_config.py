@@ -284,6 +284,12 @@ def test_broken_config_names_field(tmp_path: Path, text: str, path: str, fragmen
         ("[serving]\nrequest_timeout_s = 0\n", "serving.request_timeout_s", "use a number > 0"),
         ("[serving]\nprompt_cache_gb = 'all'\n", "serving.prompt_cache_gb", "use a number >= 0"),
         ("[serving]\ncomm_profile = 1\n", "serving.comm_profile", "use true or false"),
+        (
+            '[[links]]\nbetween = ["a"]\nips = ["10.0.0.1", "10.0.0.2"]\n',
+            "links[0].between",
+            "use a list of exactly 2 items, each item a string matching "
+            "^[A-Za-z0-9][A-Za-z0-9_.-]*$, of at most 64 characters",
+        ),
     ],
 )
 def test_a_wrong_value_is_told_what_would_do(
