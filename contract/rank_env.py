@@ -26,7 +26,8 @@ FAULT_FILE = "ORCHESTRATOR_FAULT_FILE"
 # "reference": do not load an optimized BLAS on Linux (serving/blas.py), e.g. to compare.
 BLAS = "ORCHESTRATOR_BLAS"
 # How many ranks of the launch run on this rank's machine (nodes with one kernel boot_id,
-# e.g. network namespaces), so serving/blas.py splits the cores among them.
+# e.g. network namespaces), so they split its cores (serving/blas.py) and its memory (the
+# prefix cache's default bound, serving/rank/startup.py).
 RANKS_ON_MACHINE = "ORCHESTRATOR_RANKS_ON_MACHINE"
 # Test aid: rank 0 makes every completion emit exactly this text (then EOS), whatever the
 # model says, through the real sampling path (e.g. a tiny model "calling" a tool).

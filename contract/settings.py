@@ -71,7 +71,8 @@ class ServingSettings(Section):
     prefill_max_slowdown: Annotated[float, Meta(ge=0)] = 2.5
     prompt_cache_size: NonNegativeInt = 10  # finished sequences kept for prefix reuse; 0: off
     # Bytes of KV the prefix cache may hold on each rank; None: a quarter of the memory
-    # available once the weights are loaded, the smallest of all ranks (so all evict alike).
+    # available once the weights are loaded, split among the ranks sharing a machine, the
+    # smallest of all ranks (so all evict alike).
     prompt_cache_gb: Annotated[float, Meta(ge=0)] | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)

@@ -176,6 +176,9 @@ def _expected(annotation: Any) -> str | None:
         return " or ".join(o for o in options if o) if all(options) else None
     if origin is list:
         return _list_of(annotation, "")
+    if origin is dict:
+        words = _expected(typing.get_args(annotation)[1])
+        return f"a table of NAME = {words}" if words else None
     return _TYPE_WORDS.get(annotation)
 
 
@@ -191,9 +194,9 @@ def _limits(meta: msgspec.Meta) -> str:
     else:
         bounds = ((">=", meta.ge), (">", meta.gt), ("<=", meta.le), ("<", meta.lt))
         parts = [f"{op} {value}" for op, value in bounds if value is not None]
+    parts.append(_length(meta, "characters").strip())
     if meta.pattern is not None:
         parts.append(f"matching {meta.pattern}")
-    parts.append(_length(meta, "characters").strip())
     return ", ".join(part for part in parts if part)
 
 

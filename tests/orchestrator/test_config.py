@@ -287,9 +287,10 @@ def test_broken_config_names_field(tmp_path: Path, text: str, path: str, fragmen
         (
             '[[links]]\nbetween = ["a"]\nips = ["10.0.0.1", "10.0.0.2"]\n',
             "links[0].between",
-            "use a list of exactly 2 items, each item a string matching "
-            "^[A-Za-z0-9][A-Za-z0-9_.-]*$, of at most 64 characters",
+            "use a list of exactly 2 items, each item a string of at most 64 characters, "
+            "matching ^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         ),
+        ("[nodes.env]\nA = 1\n", "nodes[0].env", "use a table of NAME = a string"),
     ],
 )
 def test_a_wrong_value_is_told_what_would_do(

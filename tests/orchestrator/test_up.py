@@ -80,8 +80,11 @@ def test_chat_through_gateway(smollm_cluster: Cluster) -> None:
     assert text == reply.choices[0].message.content
 
 
-def test_status_shows_three_ready_ranks(smollm_cluster: Cluster) -> None:
+def test_status_shows_three_ready_ranks(
+    smollm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`status --json` and the table show the cluster ready with 3 running ranks."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # the table's width is the one under test
     result = run_cli("status", str(smollm_cluster.config), "--json", env=KEY_ENV)
     assert result.returncode == 0, result.stdout + result.stderr
     status = json.loads(result.stdout)

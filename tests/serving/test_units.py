@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from contract.exit_codes import RankExit, describe_exit
+from contract.rank_env import RANKS_ON_MACHINE
 from contract.settings import (
     ModelSettings,
     RankSettings,
@@ -220,9 +221,9 @@ def test_prefix_cache_default_is_shared_by_the_ranks_of_one_machine(
     monkeypatch.setattr(startup.psutil, "virtual_memory", lambda: SimpleNamespace(available=free))
     group = mx.distributed.init()  # one rank: no collective
     settings = RankSettings(model=ModelSettings(path="m"))
-    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "1")
+    monkeypatch.setenv(RANKS_ON_MACHINE, "1")
     assert startup.prompt_cache_bytes(settings, group) == free * startup.DEFAULT_CACHE_SHARE
-    monkeypatch.setenv("ORCHESTRATOR_RANKS_ON_MACHINE", "3")
+    monkeypatch.setenv(RANKS_ON_MACHINE, "3")
     assert startup.prompt_cache_bytes(settings, group) == free * startup.DEFAULT_CACHE_SHARE // 3
     configured = RankSettings(
         model=ModelSettings(path="m"), serving=ServingSettings(prompt_cache_gb=2)
