@@ -13,6 +13,9 @@ from typing import Literal
 import msgspec
 from msgspec import Struct
 
+# Metal's default working-set cap is roughly this share of RAM when it could not be read.
+METAL_DEFAULT_WIRED_SHARE = 0.75
+
 
 class OsInfo(Struct, kw_only=True):
     system: str  # platform.system(): "Darwin", "Linux"
@@ -114,6 +117,8 @@ class NodeFingerprint(Struct, kw_only=True):
     boot_id: str | None = None
     memory: MemoryInfo | None = None
     gpu_wired_limit_mb: int | None = None  # macOS `iogpu.wired_limit_mb`; 0 = system default
+    # macOS: Metal's recommendedMaxWorkingSetSize, what the GPU may wire by default.
+    gpu_working_set_bytes: int | None = None
     blas: str = ""  # what MLX's matmuls run on (contract/blas.py describe_blas)
     python: PythonInfo
     # Distribution versions (None = not installed): mlx, mlx-lm, mlx-metal,
@@ -127,6 +132,24 @@ class NodeFingerprint(Struct, kw_only=True):
     disk: DiskInfo | None = None
     # probe name -> reason it could not run ("rdma": "rdma_ctl not found on PATH").
     unavailable: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def usable_memory_bytes(self) -> int | None:
+        """What the model and its KV cache may use on this node (None: not measured).
+        Linux: available memory. macOS: the GPU's wired limit (`iogpu.wired_limit_mb` when
+        set, else Metal's recommended working set, else a share of RAM), at most what is
+        available."""
+        if self.memory is None:
+            return None
+        available = self.memory.available_bytes or self.memory.total_bytes
+        if self.os.system != "Darwin":
+            return available
+        if self.gpu_wired_limit_mb:
+            limit = self.gpu_wired_limit_mb * 1024**2
+        elif self.gpu_working_set_bytes:
+            limit = self.gpu_working_set_bytes
+        else:
+            limit = int(self.memory.total_bytes * METAL_DEFAULT_WIRED_SHARE)
+        return min(available, limit)
 
     def addresses(self) -> set[str]:
         """Every address of every interface, to check a node owns its configured ip."""

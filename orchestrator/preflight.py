@@ -19,8 +19,6 @@ GIB = 1024**3
 PACKAGES = ("mlx", "mlx-lm", "mlx-metal")
 # JACCL (RDMA over Thunderbolt) shipped in macOS 26.2.
 JACCL_MIN_MACOS = (26, 2)
-# Metal's default working-set cap is roughly this share of RAM unless iogpu.wired_limit_mb is set.
-METAL_DEFAULT_WIRED_SHARE = 0.75
 MAX_SUGGESTED_RANKS = 16
 # Makes a venv on every node with the orchestrator's own versions, from pushed wheels.
 BOOTSTRAP_FIX = "run `orchestrator bootstrap cluster.toml`"
@@ -176,7 +174,7 @@ def _memory(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailur
     sharing = ranks_on_machine(prints)  # nodes on one kernel share its memory
     for node in spec.nodes:
         fingerprint = prints[node.name]
-        usable = _usable_memory(fingerprint)
+        usable = fingerprint.usable_memory_bytes()
         ranks = sharing.get(node.name, 1)
         if usable is None or need * ranks <= usable - reserve:
             continue
@@ -195,21 +193,6 @@ def _memory(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailur
             + "use a smaller or more quantized model, free memory on the node, or "
             "raise iogpu.wired_limit_mb (macOS)",
         )
-
-
-def _usable_memory(fingerprint: NodeFingerprint) -> float | None:
-    if fingerprint.memory is None:
-        return None
-    available = fingerprint.memory.available_bytes or fingerprint.memory.total_bytes
-    if fingerprint.os.system != "Darwin":
-        return float(available)
-    wired_mb = fingerprint.gpu_wired_limit_mb or 0
-    wired = (
-        wired_mb * 1024**2
-        if wired_mb > 0
-        else fingerprint.memory.total_bytes * METAL_DEFAULT_WIRED_SHARE
-    )
-    return float(min(available, wired))
 
 
 def _kv_margin_bytes(spec: ClusterSpec, prints: Fingerprints) -> float:
