@@ -160,8 +160,8 @@ def serve(role: str, port: int, arg: str, loop: str) -> None:
         app = relay_app(arg)
     else:
         from orchestrator.gateway.app import create_app
-        from orchestrator.metrics import OrchestratorMetrics
         from orchestrator.status.model import ClusterStatus
+        from orchestrator.supervision.metrics import OrchestratorMetrics
 
         def no_status() -> ClusterStatus:
             raise NotImplementedError("the benchmark asks no status")

@@ -105,7 +105,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _plan(args)
-    from orchestrator.service import Service  # imports the serving stack; not needed above
+    from orchestrator.up import Service  # imports the serving stack; not needed above
 
     spec, warnings = check_cluster_file(args.config)
     logging.basicConfig(
@@ -134,7 +134,7 @@ def _linktest(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from orchestrator.provision.sync_command import sync_command
+    from orchestrator.provision.sync.command import sync_command
 
     spec, _warnings = check_cluster_file(args.config)
     return sync_command(spec, args.config, args.source, args.json)
@@ -150,7 +150,7 @@ def _bootstrap_options(sub: argparse.ArgumentParser) -> None:
 
 
 def _bootstrap(args: argparse.Namespace) -> int:
-    from orchestrator.provision.bootstrap import bootstrap
+    from orchestrator.provision.bootstrap.command import bootstrap
 
     spec, _warnings = check_cluster_file(args.config)
     return bootstrap(spec, dry_run=args.dry_run, wheel_cache=args.wheel_cache, only=args.node)

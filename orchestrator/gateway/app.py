@@ -39,8 +39,8 @@ from orchestrator.gateway.errors import (
 from orchestrator.gateway.openapi import BEARER, error_responses, openapi_config, streamed
 from orchestrator.gateway.proxy import TRANSPORT_ERRORS, Proxy, ProxyResult
 from orchestrator.gateway.view import ClusterView
-from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.status.model import ClusterStatus
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState
 
 MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -21,7 +21,7 @@ from contract.openai_errors import (
 )
 from orchestrator.gateway.errors import ApiError, unavailable
 from orchestrator.gateway.view import ClusterView, Upstream
-from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState
 
 # Headers describing the body or the hop, which aiohttp recomputes.

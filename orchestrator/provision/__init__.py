@@ -1,1 +1,1 @@
-"""Putting things on the nodes before a launch: the model (model_sync) and the software."""
+"""Putting things on the nodes before a launch: the model (sync/) and the software (bootstrap/)."""

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from contract.agent_protocol import Event, Exited, LinkState, Log
 from orchestrator.config.links import Hop
 from orchestrator.launch.gang import Gang
-from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, RankFailure, classify_exit
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.transports import AgentExit
 from orchestrator.transports.pool import NodeConnection
 

@@ -27,8 +27,8 @@ from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.reachability import LinkFailure
 from orchestrator.launch.stale_ranks import end_stale_ranks
-from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, GangResult, RankFailure, RunResult
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.progress import ProgressWatch, ServingSample
 from orchestrator.supervision.restart_policy import RestartPolicy

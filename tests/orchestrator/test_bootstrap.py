@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 
 from orchestrator.config import ConfigErrors
 from orchestrator.config.load import check_cluster_data
-from orchestrator.provision.node_probe import (
+from orchestrator.provision.bootstrap.node_probe import (
     SCRIPT,
     Action,
     BootstrapError,
@@ -31,11 +31,11 @@ from orchestrator.provision.node_probe import (
     VenvState,
     decide,
 )
-from orchestrator.provision.node_shell import command_line
-from orchestrator.provision.node_venv import check_space
-from orchestrator.provision.platforms import NodePlatform, local_platform, macos_platform
-from orchestrator.provision.requirements import Found, Pin, rank_roots, resolve
-from orchestrator.provision.wheels import WheelCache, WheelError
+from orchestrator.provision.bootstrap.node_shell import command_line
+from orchestrator.provision.bootstrap.node_venv import check_space
+from orchestrator.provision.bootstrap.platforms import NodePlatform, local_platform, macos_platform
+from orchestrator.provision.bootstrap.requirements import Found, Pin, rank_roots, resolve
+from orchestrator.provision.bootstrap.wheels import WheelCache, WheelError
 
 ROOT = Path(__file__).resolve().parents[2]
 CP = f"cp{sys.version_info.major}{sys.version_info.minor}"

@@ -19,7 +19,7 @@ import openai
 import psutil
 import pytest
 
-from orchestrator.provision.platforms import local_platform
+from orchestrator.provision.bootstrap.platforms import local_platform
 from testkit.netns import TC, HostsFactory, MultiHost, sh
 from testkit.orchestrator_process import ROOT, run_cli, running, write_cluster
 

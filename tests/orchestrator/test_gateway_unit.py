@@ -17,8 +17,8 @@ from aiohttp import web
 from litestar.testing import AsyncTestClient
 
 from orchestrator.gateway import app as gateway_app
-from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.status.model import ClusterStatus
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.snapshot import Upstream
 from orchestrator.supervision.state import GangState
 

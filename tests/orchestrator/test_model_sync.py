@@ -20,7 +20,7 @@ import pytest
 
 from node_agent.model_hashes import build_manifest
 from orchestrator.config import ConfigErrors, check_cluster_file
-from orchestrator.provision.transfer import RESUME_WINDOW
+from orchestrator.provision.sync.transfer import RESUME_WINDOW
 from testkit.netns import HostsFactory, MultiHost, PrivateTmpfs
 from testkit.orchestrator_process import ROOT, run_cli, running, write_cluster
 

@@ -8,7 +8,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from orchestrator.gateway import app as gateway_app
-from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from tests.orchestrator.test_gateway_unit import FakeView, status
 
 OPERATIONS = {

@@ -11,7 +11,7 @@ import pytest
 from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.load import check_cluster_data
-from orchestrator.preflight import PreflightFailure, _kv_margin_bytes, run_preflight
+from orchestrator.launch.preflight import PreflightFailure, _kv_margin_bytes, run_preflight
 from orchestrator.transports import LocalTransport
 
 replace = msgspec.structs.replace

@@ -17,8 +17,8 @@ from orchestrator.config.load import check_cluster_data
 from orchestrator.launch.gang import Gang, SpawnFailure
 from orchestrator.launch.plan import build_plan
 from orchestrator.launch.reachability import LinkFailure
-from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, RunResult
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.progress import ServingSample
 from orchestrator.supervision.state import GangState, StateMachine

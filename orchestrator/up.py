@@ -27,11 +27,10 @@ from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
+from orchestrator.launch.preflight import run_preflight
 from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
-from orchestrator.metrics import OrchestratorMetrics
-from orchestrator.preflight import run_preflight
-from orchestrator.provision.sync_command import sync_before_up
+from orchestrator.provision.sync.command import sync_before_up
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,
@@ -44,6 +43,7 @@ from orchestrator.state_file import (
 )
 from orchestrator.status.report import build_status
 from orchestrator.supervision.failures import RunResult
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.progress import Rank0Probe
 from orchestrator.supervision.state import GangState, StateMachine

@@ -27,7 +27,7 @@ import asyncssh
 from packaging.requirements import Requirement
 
 from orchestrator.config import ClusterSpec, NodeSpec
-from orchestrator.provision.node_probe import (
+from orchestrator.provision.bootstrap.node_probe import (
     RERUN,
     Action,
     BootstrapError,
@@ -37,8 +37,8 @@ from orchestrator.provision.node_probe import (
     probe,
     same_minor,
 )
-from orchestrator.provision.node_shell import NodeShell, open_shell
-from orchestrator.provision.node_venv import (
+from orchestrator.provision.bootstrap.node_shell import NodeShell, open_shell
+from orchestrator.provision.bootstrap.node_venv import (
     MIB,
     check_space,
     install,
@@ -46,9 +46,9 @@ from orchestrator.provision.node_venv import (
     lock_text,
     verify_and_mark,
 )
-from orchestrator.provision.platforms import NodePlatform, UnsupportedPlatform
-from orchestrator.provision.requirements import Pin, ResolutionError, rank_roots, resolve
-from orchestrator.provision.wheels import Wheel, WheelCache, WheelError, cache_root
+from orchestrator.provision.bootstrap.platforms import NodePlatform, UnsupportedPlatform
+from orchestrator.provision.bootstrap.requirements import Pin, ResolutionError, rank_roots, resolve
+from orchestrator.provision.bootstrap.wheels import Wheel, WheelCache, WheelError, cache_root
 from orchestrator.transports.errors import TransportError
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Mapping
 
-from orchestrator.provision.node_probe import (
+from orchestrator.provision.bootstrap.node_probe import (
     MARKER_COMPLETE,
     RERUN,
     Action,
@@ -26,10 +26,10 @@ from orchestrator.provision.node_probe import (
     mismatches,
     run_script,
 )
-from orchestrator.provision.node_shell import NodeShell
-from orchestrator.provision.platforms import NodePlatform
-from orchestrator.provision.requirements import RANK_MODULES, Pin
-from orchestrator.provision.wheels import Wheel
+from orchestrator.provision.bootstrap.node_shell import NodeShell
+from orchestrator.provision.bootstrap.platforms import NodePlatform
+from orchestrator.provision.bootstrap.requirements import RANK_MODULES, Pin
+from orchestrator.provision.bootstrap.wheels import Wheel
 
 MIB = 1024**2
 # Installed files take a little more than the wheels' contents (bytecode, RECORD, scripts).

@@ -47,8 +47,8 @@ from contract.model_manifest import (
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
-from orchestrator.provision.progress import SyncProgress
-from orchestrator.provision.transfer import (
+from orchestrator.provision.sync.progress import SyncProgress
+from orchestrator.provision.sync.transfer import (
     HASH_TIMEOUT_S,
     PARALLEL_FILES,
     RESUME_WINDOW,

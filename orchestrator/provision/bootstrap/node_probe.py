@@ -14,9 +14,9 @@ from pathlib import Path
 import msgspec
 
 from orchestrator.config import NodeSpec
-from orchestrator.provision.node_shell import NodeShell
-from orchestrator.provision.platforms import NodePlatform
-from orchestrator.provision.requirements import Pin
+from orchestrator.provision.bootstrap.node_shell import NodeShell
+from orchestrator.provision.bootstrap.platforms import NodePlatform
+from orchestrator.provision.bootstrap.requirements import Pin
 
 SCRIPT = (Path(__file__).parent / "node_script.py").read_text()
 MARKER_COMPLETE = "complete"

@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from orchestrator.config import ClusterSpec
-from orchestrator.provision.model_sync import (
+from orchestrator.provision.sync.model_sync import (
     NodeOutcome,
     SyncError,
     SyncReport,
@@ -24,7 +24,12 @@ from orchestrator.provision.model_sync import (
     local_source,
     sync_model,
 )
-from orchestrator.provision.progress import LogProgress, QuietProgress, RichProgress, SyncProgress
+from orchestrator.provision.sync.progress import (
+    LogProgress,
+    QuietProgress,
+    RichProgress,
+    SyncProgress,
+)
 from orchestrator.transports.pool import NodePool
 
 EXIT_OK = 0

@@ -30,8 +30,8 @@ from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from orchestrator.provision.platforms import NodePlatform
-from orchestrator.provision.requirements import Found, Pin
+from orchestrator.provision.bootstrap.platforms import NodePlatform
+from orchestrator.provision.bootstrap.requirements import Found, Pin
 
 DEFAULT_WHEEL_CACHE = "~/.cache/mlx-cluster-orchestrator/wheels"
 CACHE_ENV = "ORCHESTRATOR_WHEEL_CACHE"

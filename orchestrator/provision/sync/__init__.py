@@ -1,0 +1,1 @@
+"""`orchestrator sync`: the model directory from one source to every node, content-verified."""
