@@ -6,7 +6,8 @@
 - packages depend one way: orchestrator -> node_agent, contract; node_agent and serving
   -> contract only; contract -> the standard library and msgspec only; testkit may use
   them all; bench may use them and testkit, never tests;
-- no module over 400 lines, no function over 60 lines.
+- no module over 400 lines, no function over 60 lines;
+- SSH lives in the transport: no module outside orchestrator/transports/ imports asyncssh.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"contract", "node_agent", "serving", "orchestrator", "testkit"},
 }
 CONTRACT_THIRD_PARTY = {"msgspec"}
+SSH_LIBRARY, SSH_HOME = "asyncssh", "orchestrator.transports"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -121,6 +123,11 @@ def dependency_problems(name: str, targets: set[str], known: dict[str, Path]) ->
             yield f"{name} imports tests: nothing may import tests/"
         elif package == "contract" and top not in sys.stdlib_module_names | CONTRACT_THIRD_PARTY:
             yield f"{name} imports {top}: contract uses the stdlib and msgspec only"
+        elif top == SSH_LIBRARY and not (name + ".").startswith(SSH_HOME + "."):
+            yield (
+                f"{name} imports {SSH_LIBRARY}: SSH lives in orchestrator/transports/ only "
+                "(use Transport.run, Transport.open_files)"
+            )
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 Public API:
     transport_for(node, **options) -> Transport   LocalTransport | SshTransport
     Transport: connect(), deploy() -> DeployResult, start_agent(...) -> AgentHandle, close()
+               without an agent: run(argv) -> Completed, open_files() -> NodeFiles (files.py)
     AgentHandle: fingerprint(), spawn(), stop(), ping(), list_ranks(),
                  request(), finished, closed, close()
     TransportError(kind: ErrorKind), AgentRequestError
@@ -13,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.config import NodeSpec
-from orchestrator.transports.base import DeployResult, Transport
+from orchestrator.transports.base import Completed, DeployResult, Transport
 from orchestrator.transports.errors import AgentRequestError, ErrorKind, TransportError
+from orchestrator.transports.files import NodeFiles
 from orchestrator.transports.handle import AgentExit, AgentHandle
 from orchestrator.transports.local import LocalTransport
 from orchestrator.transports.ssh import SshTransport
@@ -23,9 +25,11 @@ __all__ = [
     "AgentExit",
     "AgentHandle",
     "AgentRequestError",
+    "Completed",
     "DeployResult",
     "ErrorKind",
     "LocalTransport",
+    "NodeFiles",
     "SshTransport",
     "Transport",
     "TransportError",

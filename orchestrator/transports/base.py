@@ -5,6 +5,9 @@
         async with await t.start_agent() as agent:   # AgentHandle
             fp = await agent.fingerprint(model)
 
+A node without an agent (bootstrap: it may have no msgspec yet) is reached through the
+same transport: `run(argv)` runs one command, `open_files()` gives its files (files.py).
+
 Subclasses: LocalTransport (a subprocess on this machine) and SshTransport
 (asyncssh). Like dask's SSHCluster, the SSH detail lives in its subclass only.
 """
@@ -13,13 +16,16 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 from contract.agent_protocol import Event
 from orchestrator.config import NodeSpec
+from orchestrator.transports.deploy import CodeBundle, deploy_code
 from orchestrator.transports.errors import ErrorKind, TransportError
+from orchestrator.transports.files import NodeFiles
 from orchestrator.transports.handle import DEFAULT_LEASE_S, AgentHandle
 
 log = logging.getLogger("orchestrator.transports")
@@ -35,18 +41,68 @@ class DeployResult:
     copied_files: int  # 0 when that digest was already there
 
 
+@dataclass(frozen=True)
+class Completed:
+    returncode: int | None  # None: the command did not exit (killed, channel closed)
+    stdout: str
+    stderr: str
+
+
 class Transport(ABC):
-    def __init__(self, node: NodeSpec) -> None:
+    def __init__(
+        self,
+        node: NodeSpec,
+        *,
+        code_cache: str | Path = DEFAULT_CODE_CACHE,
+        bundle: CodeBundle | None = None,
+    ) -> None:
         self.node = node
+        self._cache = str(code_cache)
+        self._bundle = bundle
         self._handles: list[AgentHandle] = []
         self._deployed: DeployResult | None = None
 
     async def connect(self) -> None:  # noqa: B027 - optional hook, a no-op for local
         """Open what the transport needs (nothing for local)."""
 
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str = "",
+        env: dict[str, str] | None = None,
+        timeout: float = 600.0,
+    ) -> Completed:
+        """Run argv on the node, no agent needed; a program missing there gives returncode
+        127. A lost node raises ConnectionError, a command over its time TimeoutError."""
+        return await self._run(list(argv), stdin, env or {}, timeout)
+
     @abstractmethod
+    async def _run(
+        self, argv: list[str], stdin: str, env: dict[str, str], timeout: float
+    ) -> Completed: ...
+
+    @abstractmethod
+    async def open_files(self) -> NodeFiles:
+        """The node's files (close them, or use `async with`); failures are OSErrors."""
+
     async def deploy(self) -> DeployResult:
         """Make node_agent + serving available on the node; idempotent, content-addressed."""
+        await self.connect()
+        bundle = self._bundle or CodeBundle.from_local()
+        try:
+            async with await self.open_files() as files:
+                code_dir, copied = await deploy_code(files, bundle, self._cache)
+        except OSError as exc:
+            raise TransportError(
+                self.node.name, ErrorKind.DEPLOY, self._deploy_failure(exc)
+            ) from exc
+        self._deployed = DeployResult(code_dir, bundle.digest, copied)
+        return self._deployed
+
+    @abstractmethod
+    def _deploy_failure(self, exc: OSError) -> str:
+        """What the user reads when the code cannot be copied."""
 
     async def start_agent(
         self,

@@ -4,21 +4,19 @@
     <cache>/code/<digest>/serving/...        cd <dir> && exec <python> -m node_agent
     <cache>/code/<digest>/CODE_DIGEST        written last: marks a complete copy
 
-A copy goes to `<cache>/code/.tmp-<digest>-<random>/` first and is renamed into
-place, so a half copy (connection lost mid-way) is never used.
+A copy goes to a temporary directory beside it first and is renamed into place
+(files.write_then_rename), so a half copy (connection lost mid-way) is never used. The
+same code deploys to this machine and over SFTP: it speaks to the node's NodeFiles.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
-import shutil
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-
-import asyncssh
+from pathlib import Path
 
 from node_agent.code_digest import DIGEST_FILE, code_digest, code_root, package_files
+from orchestrator.transports.files import NodeFiles, discard, write_then_rename
 
 
 @dataclass(frozen=True)
@@ -36,84 +34,43 @@ class CodeBundle:
         return cls(root=base, files=files, digest=code_digest(base, files))
 
 
-# ── this machine ──
-
-
-def deploy_local(bundle: CodeBundle, cache_dir: Path) -> tuple[Path, int]:
-    """Blocking; returns (code dir, files copied)."""
-    target = cache_dir / bundle.digest
-    if (target / DIGEST_FILE).is_file():
+async def deploy_code(files: NodeFiles, bundle: CodeBundle, cache_dir: str) -> tuple[str, int]:
+    """Returns (code dir on the node, files copied: 0 when that digest was there)."""
+    base = await files.expand(cache_dir)
+    target = f"{base}/{bundle.digest}"
+    marker = f"{target}/{DIGEST_FILE}"
+    if await files.stat(marker) is not None:
         return target, 0
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".tmp-{bundle.digest}-{secrets.token_hex(4)}"
+    await files.makedirs(base)
+    await discard(files, target)  # a leftover without its marker cannot be trusted
+
+    async def fill(temporary: str) -> None:
+        await _upload(files, bundle, temporary)
+
     try:
-        for rel in bundle.files:
-            dest = tmp / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(bundle.root / rel, dest)
-        (tmp / DIGEST_FILE).write_text(bundle.digest + "\n")
-        if target.exists() and not (target / DIGEST_FILE).is_file():
-            shutil.rmtree(target)  # a leftover without its marker cannot be trusted
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / DIGEST_FILE).is_file():
-                raise
-            # else a concurrent deploy of the same digest won the race
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        await write_then_rename(files, target, fill)
+    except OSError:
+        if await files.stat(marker) is None:
+            raise
+        # else a concurrent deploy of the same digest won the race
     return target, len(bundle.files)
 
 
-# ── over SFTP ──
-
-
-async def remote_cache_dir(sftp: asyncssh.SFTPClient, cache_dir: str) -> PurePosixPath:
-    """Expand a leading ~ against the SFTP session's home (its start directory)."""
-    if cache_dir == "~" or cache_dir.startswith("~/"):
-        home = await sftp.realpath(".")
-        return PurePosixPath(home) / cache_dir[2:]
-    return PurePosixPath(cache_dir)
-
-
-async def deploy_sftp(
-    conn: asyncssh.SSHClientConnection, bundle: CodeBundle, cache_dir: str
-) -> tuple[str, int]:
-    """Returns (code dir on the node, files copied)."""
-    async with conn.start_sftp_client() as sftp:
-        base = await remote_cache_dir(sftp, cache_dir)
-        target = base / bundle.digest
-        if await sftp.exists(str(target / DIGEST_FILE)):
-            return str(target), 0
-        await sftp.makedirs(str(base), exist_ok=True)
-        tmp = base / f".tmp-{bundle.digest}-{secrets.token_hex(4)}"
-        try:
-            await _upload(sftp, bundle, tmp)
-            if await sftp.exists(str(target)) and not await sftp.exists(str(target / DIGEST_FILE)):
-                await sftp.rmtree(str(target))
-            try:
-                await sftp.rename(str(tmp), str(target))
-            except asyncssh.SFTPError:
-                if not await sftp.exists(str(target / DIGEST_FILE)):
-                    raise
-        finally:
-            if await sftp.exists(str(tmp)):
-                await sftp.rmtree(str(tmp))
-        return str(target), len(bundle.files)
-
-
-async def _upload(sftp: asyncssh.SFTPClient, bundle: CodeBundle, tmp: PurePosixPath) -> None:
-    dirs = sorted({str(tmp / PurePosixPath(rel).parent) for rel in bundle.files})
-    await sftp.makedirs(str(tmp), exist_ok=True)
+async def _upload(files: NodeFiles, bundle: CodeBundle, folder: str) -> None:
+    dirs = sorted({str(Path(folder, rel).parent) for rel in bundle.files})
+    await files.makedirs(folder)
     for d in dirs:
-        await sftp.makedirs(d, exist_ok=True)
+        await files.makedirs(d)
     # A few dozen small files: a handful in flight at once hides the round trips.
     sem = asyncio.Semaphore(8)
 
     async def put(rel: str) -> None:
         async with sem:
-            await sftp.put(str(bundle.root / rel), str(tmp / rel))
+            await files.put(bundle.root / rel, f"{folder}/{rel}")
 
     await asyncio.gather(*(put(rel) for rel in bundle.files))
-    async with sftp.open(str(tmp / DIGEST_FILE), "w") as f:
-        await f.write(bundle.digest + "\n")
+    marker = await files.open(f"{folder}/{DIGEST_FILE}", "w", truncate=True)
+    try:
+        await marker.write(f"{bundle.digest}\n".encode(), 0)
+    finally:
+        await marker.close()

@@ -1,7 +1,8 @@
 """The `local` transport: the node agent as a subprocess of the orchestrator, over pipes.
 
 The code is deployed the same way as over SSH (a content-addressed copy in the
-local cache), so a local node runs exactly what a remote one would.
+local cache), so a local node runs exactly what a remote one would. Commands without
+an agent are subprocesses too; files are this machine's (local_files.py).
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 
 from contract.agent_protocol import Event
-from orchestrator.config import NodeSpec
-from orchestrator.transports.base import DEFAULT_CODE_CACHE, DeployResult, Transport, check_python
-from orchestrator.transports.deploy import CodeBundle, deploy_local
+from orchestrator.transports.base import Completed, Transport, check_python
 from orchestrator.transports.errors import ErrorKind, TransportError
+from orchestrator.transports.files import NodeFiles
 from orchestrator.transports.handle import AgentHandle, StderrCollector
+from orchestrator.transports.local_files import LocalFiles
 
 PIPE_LIMIT = 64 << 20  # one protocol line (a fingerprint, a long log line) must fit
 
@@ -73,27 +73,34 @@ class ProcessChannel:
 
 
 class LocalTransport(Transport):
-    def __init__(
-        self,
-        node: NodeSpec,
-        *,
-        code_cache: str | Path = DEFAULT_CODE_CACHE,
-        bundle: CodeBundle | None = None,
-    ) -> None:
-        super().__init__(node)
-        self._cache = Path(code_cache).expanduser()
-        self._bundle = bundle
-
-    async def deploy(self) -> DeployResult:
-        bundle = self._bundle or CodeBundle.from_local()
+    async def _run(
+        self, argv: list[str], stdin: str, env: dict[str, str], timeout: float
+    ) -> Completed:
+        program = os.path.expanduser(argv[0])
         try:
-            code_dir, copied = await asyncio.to_thread(deploy_local, bundle, self._cache)
-        except OSError as exc:
-            raise TransportError(
-                self.node.name, ErrorKind.DEPLOY, f"cannot copy the code to {self._cache}: {exc}"
-            ) from exc
-        self._deployed = DeployResult(str(code_dir), bundle.digest, copied)
-        return self._deployed
+            process = await asyncio.create_subprocess_exec(
+                program,
+                *argv[1:],
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, **env},
+            )
+        except (FileNotFoundError, PermissionError) as exc:
+            return Completed(127, "", str(exc))
+        try:
+            out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout)
+        except BaseException:
+            process.kill()  # our own child, by its PID
+            await process.wait()
+            raise
+        return Completed(process.returncode, out.decode(errors="replace"), err.decode())
+
+    async def open_files(self) -> NodeFiles:
+        return LocalFiles()
+
+    def _deploy_failure(self, exc: OSError) -> str:
+        return f"cannot copy the code to {os.path.expanduser(self._cache)}: {exc}"
 
     async def _launch(
         self,

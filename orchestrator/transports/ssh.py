@@ -1,4 +1,5 @@
-"""The `ssh` transport: asyncssh connection, SFTP deploy, the agent on an exec channel.
+"""The `ssh` transport: asyncssh connection, SFTP files (sftp_files.py), the agent on an
+exec channel, and one exec channel per command for a node without an agent (bootstrap).
 
 A dead link is noticed by SSH keepalives (keepalive_interval x
 keepalive_count_max seconds) on this side and by the agent's stdin EOF or
@@ -15,11 +16,13 @@ import asyncssh
 
 from contract.agent_protocol import Event
 from orchestrator.config import NodeSpec
-from orchestrator.transports.base import DEFAULT_CODE_CACHE, DeployResult, Transport, check_python
-from orchestrator.transports.deploy import CodeBundle, deploy_sftp
+from orchestrator.transports.base import DEFAULT_CODE_CACHE, Completed, Transport, check_python
+from orchestrator.transports.deploy import CodeBundle
 from orchestrator.transports.errors import ErrorKind, TransportError
+from orchestrator.transports.files import NodeFiles
 from orchestrator.transports.handle import AgentHandle, StderrCollector
-from orchestrator.transports.remote_command import agent_command
+from orchestrator.transports.remote_command import agent_command, command_line
+from orchestrator.transports.sftp_files import SftpFiles
 from orchestrator.transports.ssh_connect import open_connection
 
 
@@ -67,11 +70,9 @@ class SshTransport(Transport):
         code_cache: str = DEFAULT_CODE_CACHE,
         bundle: CodeBundle | None = None,
     ) -> None:
-        super().__init__(node)
+        super().__init__(node, code_cache=code_cache, bundle=bundle)
         self._connect_timeout = connect_timeout
         self._keepalive = (keepalive_interval, keepalive_count_max)
-        self._cache = code_cache
-        self._bundle = bundle
         self._conn: asyncssh.SSHClientConnection | None = None
 
     @property
@@ -89,19 +90,26 @@ class SshTransport(Transport):
                 keepalive_count_max=self._keepalive[1],
             )
 
-    async def deploy(self) -> DeployResult:
+    async def _run(
+        self, argv: list[str], stdin: str, env: dict[str, str], timeout: float
+    ) -> Completed:
         await self.connect()
-        bundle = self._bundle or CodeBundle.from_local()
         try:
-            code_dir, copied = await deploy_sftp(self.connection, bundle, self._cache)
-        except (asyncssh.Error, OSError) as exc:
-            raise TransportError(
-                self.node.name,
-                ErrorKind.DEPLOY,
-                f"copying the code to {self._cache} by SFTP failed: {exc}",
-            ) from exc
-        self._deployed = DeployResult(code_dir, bundle.digest, copied)
-        return self._deployed
+            result = await self.connection.run(
+                command_line(argv, env), input=stdin, check=False, timeout=timeout
+            )
+        except TimeoutError:  # asyncssh's own is one too
+            raise
+        except asyncssh.Error as exc:
+            raise ConnectionError(str(exc) or type(exc).__name__) from exc
+        return Completed(result.exit_status, _text(result.stdout), _text(result.stderr))
+
+    async def open_files(self) -> NodeFiles:
+        await self.connect()
+        return await SftpFiles.start(self.connection)
+
+    def _deploy_failure(self, exc: OSError) -> str:
+        return f"copying the code to {self._cache} by SFTP failed: {exc}"
 
     async def _launch(
         self,
@@ -128,3 +136,9 @@ class SshTransport(Transport):
             with contextlib.suppress(Exception):
                 await self._conn.wait_closed()
             self._conn = None
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value or "")

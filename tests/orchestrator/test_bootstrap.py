@@ -31,11 +31,11 @@ from orchestrator.provision.bootstrap.node_probe import (
     VenvState,
     decide,
 )
-from orchestrator.provision.bootstrap.node_shell import command_line
 from orchestrator.provision.bootstrap.node_venv import check_space
 from orchestrator.provision.bootstrap.platforms import NodePlatform, local_platform, macos_platform
 from orchestrator.provision.bootstrap.requirements import Found, Pin, rank_roots, resolve
 from orchestrator.provision.bootstrap.wheels import WheelCache, WheelError
+from orchestrator.transports.remote_command import command_line
 
 ROOT = Path(__file__).resolve().parents[2]
 CP = f"cp{sys.version_info.major}{sys.version_info.minor}"

@@ -6,7 +6,7 @@ holding exactly this machine's versions of what a rank imports, installed offlin
     probe (node_script) ◀──────── ssh ──────────── venv python, else python3.X candidates
     pins: our installed versions, markers of the node's platform   (requirements.py)
     wheels: <cache>/<platform key>/, pip download once per platform   (wheels.py)
-                           ──── SFTP ────────────▶ <wheel_dir>/<key>/ (skips what is there)
+                           ──── files ───────────▶ <wheel_dir>/<key>/ (skips what is there)
                            ──── ssh ─────────────▶ venv, pip install --no-index, verify, mark
 
 A node whose venv already holds every pin is left alone; nothing is downloaded when the
@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncssh
 from packaging.requirements import Requirement
 
 from orchestrator.config import ClusterSpec, NodeSpec
@@ -37,19 +36,22 @@ from orchestrator.provision.bootstrap.node_probe import (
     probe,
     same_minor,
 )
-from orchestrator.provision.bootstrap.node_shell import NodeShell, open_shell
 from orchestrator.provision.bootstrap.node_venv import (
     MIB,
     check_space,
     install,
     lock_digest,
     lock_text,
+    push_files,
     verify_and_mark,
 )
 from orchestrator.provision.bootstrap.platforms import NodePlatform, UnsupportedPlatform
 from orchestrator.provision.bootstrap.requirements import Pin, ResolutionError, rank_roots, resolve
 from orchestrator.provision.bootstrap.wheels import Wheel, WheelCache, WheelError, cache_root
+from orchestrator.transports import Transport, transport_for
 from orchestrator.transports.errors import TransportError
+from orchestrator.transports.files import NodeFiles, write_bytes
+from orchestrator.transports.sftp_files import quiet_lost_connections
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 log = logging.getLogger("orchestrator.bootstrap")
@@ -116,11 +118,12 @@ class Bootstrap:
         return result
 
     async def _node(self, node: NodeSpec) -> NodeResult:
-        shell = await open_shell(node)
+        transport = transport_for(node)
+        await transport.connect()
         step = ["probing the node"]
         try:
-            return await self._steps(shell, node, step)
-        except (asyncssh.Error, ConnectionError, TimeoutError) as exc:
+            return await self._steps(transport, node, step)
+        except (ConnectionError, TimeoutError) as exc:
             raise BootstrapError(
                 node.name,
                 f"lost the node while {step[0]}: {exc or type(exc).__name__}",
@@ -130,12 +133,12 @@ class Bootstrap:
             raise BootstrapError(node.name, f"failed while {step[0]}: {exc}", RERUN) from exc
         finally:
             with contextlib.suppress(Exception):
-                await shell.close()
+                await transport.close()
 
-    async def _steps(self, shell: NodeShell, node: NodeSpec, step: list[str]) -> NodeResult:
+    async def _steps(self, transport: Transport, node: NodeSpec, step: list[str]) -> NodeResult:
         assert node.venv is not None
         wheel_dir = self.spec.bootstrap.wheel_dir
-        found = await probe(shell, node.python_executable, node.venv, wheel_dir)
+        found = await probe(transport, node.python_executable, node.venv, wheel_dir)
         venv_probe = found if isinstance(found, NodeProbe) and found.in_venv else None
         if (
             venv_probe is not None
@@ -145,7 +148,8 @@ class Bootstrap:
         ):
             self.say(node.name, f"{venv_probe.venv.path} already matches: left alone")
             return NodeResult(node.name, Action.UNCHANGED, node.python_executable)
-        base = await find_base(shell, node, self.spec.bootstrap.base_python, node.venv, wheel_dir)
+        base_python = self.spec.bootstrap.base_python
+        base = await find_base(transport, node, base_python, node.venv, wheel_dir)
         platform = base.python
         pins = await self._pins_for(node, platform)
         action = decide(venv_probe, base.venv, pins)
@@ -163,13 +167,14 @@ class Bootstrap:
         check_space(node.name, base, wheels, action)
         step[0] = "pushing wheels"
         remote = f"{base.wheel_dir}/{platform.key}"
-        pushed = await self._push(shell, node, wheels, remote)
         digest = lock_digest(platform, wheels)
-        await shell.write_text(f"{remote}/lock-{digest}.txt", lock_text(wheels))
+        async with await transport.open_files() as files:
+            pushed = await self._push(files, node, wheels, remote)
+            await write_bytes(files, f"{remote}/lock-{digest}.txt", lock_text(wheels).encode())
         step[0] = "installing the venv"
-        seconds = await install(shell, node.name, base, action, remote, wheels, digest)
+        seconds = await install(transport, node.name, base, action, remote, wheels, digest)
         step[0] = "verifying the venv"
-        await verify_and_mark(shell, node.name, base.venv.path, pins, platform, digest)
+        await verify_and_mark(transport, node.name, base.venv.path, pins, platform, digest)
         self.say(node.name, f"installed {len(wheels)} packages in {seconds:.1f} s; ready")
         return NodeResult(node.name, action, node.python_executable, pushed=pushed)
 
@@ -202,7 +207,7 @@ class Bootstrap:
         return wheels
 
     async def _push(
-        self, shell: NodeShell, node: NodeSpec, wheels: list[Wheel], remote: str
+        self, files: NodeFiles, node: NodeSpec, wheels: list[Wheel], remote: str
     ) -> int:
         started = time.monotonic()
         marks = {len(wheels) * q // 4 for q in (1, 2, 3)}
@@ -211,7 +216,7 @@ class Bootstrap:
             if done in marks and total > 20:
                 self.say(node.name, f"pushing wheels: {done}/{total}")
 
-        pushed = await shell.push([w.path for w in wheels], remote, progress)
+        pushed = await push_files(files, [w.path for w in wheels], remote, progress)
         self.say(
             node.name,
             f"pushed {pushed} wheels in {time.monotonic() - started:.1f} s "
@@ -275,19 +280,10 @@ def bootstrap(
 
 
 async def _all(run: Bootstrap, nodes: list[NodeSpec]) -> dict[str, NodeResult]:
-    asyncio.get_running_loop().set_exception_handler(_quiet_lost_connections)
+    asyncio.get_running_loop().set_exception_handler(quiet_lost_connections)
     # Errors are results: every node runs to its end, as in connect-all-then-report.
     results = await asyncio.gather(*(run.node(node) for node in nodes))
     return {result.node: result for result in results}
-
-
-def _quiet_lost_connections(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
-    """asyncssh's parallel SFTP writes leave their sibling tasks' ConnectionLost unretrieved
-    when a node drops; that node's failure is already reported, without a traceback."""
-    if isinstance(context.get("exception"), asyncssh.Error | ConnectionError):
-        log.debug("after a lost connection: %s", context.get("message"))
-        return
-    loop.default_exception_handler(context)
 
 
 def _skipped(node: NodeSpec) -> NodeResult:

@@ -14,9 +14,9 @@ from pathlib import Path
 import msgspec
 
 from orchestrator.config import NodeSpec
-from orchestrator.provision.bootstrap.node_shell import NodeShell
 from orchestrator.provision.bootstrap.platforms import NodePlatform
 from orchestrator.provision.bootstrap.requirements import Pin
+from orchestrator.transports.base import Transport
 
 SCRIPT = (Path(__file__).parent / "node_script.py").read_text()
 MARKER_COMPLETE = "complete"
@@ -104,10 +104,10 @@ def same_minor(platform: NodePlatform) -> bool:
 
 
 async def run_script(
-    shell: NodeShell, python: str, *args: str, timeout: float = 120.0
+    transport: Transport, python: str, *args: str, timeout: float = 120.0
 ) -> tuple[int | None, str]:
     """(exit status, stdout) of node_script under `python`; 127 when python is missing."""
-    result = await shell.run([python, "-", *args], stdin=SCRIPT, timeout=timeout)
+    result = await transport.run([python, "-", *args], stdin=SCRIPT, timeout=timeout)
     if result.returncode is None:  # no exit status: the channel (or the node) went away
         raise ConnectionError(f"the node closed the channel of `{python} - {args[0]}`")
     if result.returncode == 0:
@@ -115,9 +115,9 @@ async def run_script(
     return result.returncode, (result.stdout + result.stderr).strip()
 
 
-async def probe(shell: NodeShell, python: str, venv: str, wheel_dir: str) -> NodeProbe | str:
+async def probe(transport: Transport, python: str, venv: str, wheel_dir: str) -> NodeProbe | str:
     """The probe under `python`, or why it could not run there."""
-    code, out = await run_script(shell, python, "probe", venv, wheel_dir)
+    code, out = await run_script(transport, python, "probe", venv, wheel_dir)
     if code == EXIT_NOT_FOUND:
         return "not found"
     if code != 0:
@@ -153,14 +153,14 @@ def base_candidates(node: NodeSpec, configured: list[str]) -> list[str]:
 
 
 async def find_base(
-    shell: NodeShell, node: NodeSpec, configured: list[str], venv: str, wheel_dir: str
+    transport: Transport, node: NodeSpec, configured: list[str], venv: str, wheel_dir: str
 ) -> NodeProbe:
     """The first candidate whose minor version is ours; else an error listing each tried."""
     tried = []
     ours = f"{sys.version_info.major}.{sys.version_info.minor}"
     candidates = base_candidates(node, configured)
     for candidate in candidates:
-        found = await probe(shell, candidate, venv, wheel_dir)
+        found = await probe(transport, candidate, venv, wheel_dir)
         if isinstance(found, str):
             if found != "not found" or candidate in configured:
                 tried.append(f"{candidate}: {found}")

@@ -12,10 +12,14 @@ already on the node at the right size are not sent again, so an interrupted run 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
 
 from orchestrator.provision.bootstrap.node_probe import (
     MARKER_COMPLETE,
@@ -26,15 +30,49 @@ from orchestrator.provision.bootstrap.node_probe import (
     mismatches,
     run_script,
 )
-from orchestrator.provision.bootstrap.node_shell import NodeShell
 from orchestrator.provision.bootstrap.platforms import NodePlatform
 from orchestrator.provision.bootstrap.requirements import RANK_MODULES, Pin
 from orchestrator.provision.bootstrap.wheels import Wheel
+from orchestrator.transports.base import Transport
+from orchestrator.transports.files import PART, NodeFiles, write_then_rename
 
 MIB = 1024**2
 # Installed files take a little more than the wheels' contents (bytecode, RECORD, scripts).
 UNPACKED_MARGIN = 1.7  # measured: 233 MB of wheel contents made a 384 MB venv
 PIP_INSTALL_TIMEOUT_S = 1800.0
+PUT_CONCURRENCY = 4
+
+Progress = Callable[[int, int], None]  # (files done, files in all)
+
+
+async def push_files(files: NodeFiles, paths: list[Path], folder: str, progress: Progress) -> int:
+    """Copy paths into folder (absolute), skipping those already there at the same size;
+    each lands under a temporary name first. Returns how many were copied."""
+    await files.makedirs(folder)
+    present = await files.listdir(folder)
+    for name in present:
+        if PART in name:  # left by a run that lost the node mid-file
+            with contextlib.suppress(OSError):
+                await files.remove(f"{folder}/{name}")
+    sem = asyncio.Semaphore(PUT_CONCURRENCY)
+    copied = done = 0
+
+    async def put(path: Path) -> None:
+        nonlocal copied, done
+        async with sem:
+            if present.get(path.name) != path.stat().st_size:
+                await write_then_rename(files, f"{folder}/{path.name}", partial(files.put, path))
+                copied += 1
+            done += 1
+            progress(done, len(paths))
+
+    # Every put runs to its end (a lost connection fails them all) before the first error
+    # is raised, so none is left unretrieved.
+    results = await asyncio.gather(*(put(path) for path in paths), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return copied
 
 
 def lock_digest(platform: NodePlatform, wheels: list[Wheel]) -> str:
@@ -84,7 +122,7 @@ def check_space(node: str, probe: NodeProbe, wheels: list[Wheel], action: Action
 
 
 async def install(
-    shell: NodeShell,
+    transport: Transport,
     node: str,
     probe: NodeProbe,
     action: Action,
@@ -97,7 +135,7 @@ async def install(
     venv = probe.venv.path
     python = f"{venv}/bin/python"
     if action in (Action.CREATE, Action.RECREATE):
-        code, out = await run_script(shell, probe.executable, "create", venv)
+        code, out = await run_script(transport, probe.executable, "create", venv)
         if code != 0:
             raise BootstrapError(
                 node,
@@ -107,9 +145,9 @@ async def install(
                 else f"check that {probe.executable} -m venv works on the node",
             )
     else:
-        await _mark(shell, node, python, venv, {"state": "installing", "lock": digest})
+        await _mark(transport, node, python, venv, {"state": "installing", "lock": digest})
     # The node's own pip config (an index it cannot reach, constraints) must not interfere.
-    result = await shell.run(
+    result = await transport.run(
         pip_install_argv(python, wheel_dir, wheels, digest),
         env={"PIP_CONFIG_FILE": "/dev/null"},
         timeout=PIP_INSTALL_TIMEOUT_S,
@@ -156,11 +194,11 @@ def pip_install_argv(python: str, wheel_dir: str, wheels: list[Wheel], digest: s
 
 
 async def verify_and_mark(
-    shell: NodeShell, node: str, venv: str, pins: list[Pin], platform: NodePlatform, digest: str
+    transport: Transport, node: str, venv: str, pins: list[Pin], platform: NodePlatform, digest: str
 ) -> None:
     """Import what a rank imports with the venv's python, compare versions, mark complete."""
     python = f"{venv}/bin/python"
-    code, out = await run_script(shell, python, "verify", *RANK_MODULES, timeout=300.0)
+    code, out = await run_script(transport, python, "verify", *RANK_MODULES, timeout=300.0)
     if code != 0:
         raise BootstrapError(node, f"{python} does not run: {_tail(out)}", RERUN)
     answer = json.loads(out.splitlines()[-1])
@@ -182,13 +220,13 @@ async def verify_and_mark(
         "pins": {pin.name: pin.version for pin in pins},
         "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    await _mark(shell, node, python, venv, marker)
+    await _mark(transport, node, python, venv, marker)
 
 
 async def _mark(
-    shell: NodeShell, node: str, python: str, venv: str, data: Mapping[str, object]
+    transport: Transport, node: str, python: str, venv: str, data: Mapping[str, object]
 ) -> None:
-    code, out = await run_script(shell, python, "finish", venv, json.dumps(data))
+    code, out = await run_script(transport, python, "finish", venv, json.dumps(data))
     if code != 0:
         raise BootstrapError(node, f"cannot write the venv's marker: {_tail(out)}", RERUN)
 

@@ -7,8 +7,9 @@
                         ▼
         partial files from an interrupted run: resume where the source's prefix hash agrees
                         ▼
-        SFTP writes over the node's SSH connection (PARALLEL_FILES files at once, each with
-        RESUME_WINDOW bytes in flight); the agent hashes each file as soon as it arrived
+        writes through the node's transport files, SFTP over its SSH connection
+        (PARALLEL_FILES files at once, each with RESUME_WINDOW bytes in flight); the
+        agent hashes each file as soon as it arrived
                         ▼
         ModelFinalize: the agent checks every staged file (those hashes, from its cache),
         then renames the directory into place. A node never sees a half-copied model at
@@ -24,10 +25,8 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Literal
-
-import asyncssh
 
 from contract.bundled_models import BUNDLED_PREFIX
 from contract.model_manifest import (
@@ -52,17 +51,14 @@ from orchestrator.provision.sync.transfer import (
     HASH_TIMEOUT_S,
     PARALLEL_FILES,
     RESUME_WINDOW,
-    LocalSink,
     LocalSource,
     NodeSource,
-    SftpSink,
-    Sink,
     Source,
     copy_file,
 )
 from orchestrator.transports.errors import AgentRequestError, TransportError
+from orchestrator.transports.files import NodeFiles
 from orchestrator.transports.pool import NodeConnection, NodePool
-from orchestrator.transports.ssh import SshTransport
 
 Status = Literal["current", "synced", "failed", "source"]
 log = logging.getLogger("orchestrator.sync")
@@ -131,7 +127,7 @@ async def sync_model(
     try:
         context.manifest = await _source_manifest(report, pool, source_node)
         if isinstance(source, NodeSource):
-            source.root = PurePosixPath(report.path)  # as the source node expanded it
+            source.root = report.path  # as the source node expanded it
         targets = [node for node in pool.nodes.values() if _is_target(node, source_node)]
         report.nodes = [
             NodeOutcome(node.spec.name, "source")
@@ -186,10 +182,8 @@ async def _open_source(
         return SyncReport(path=str(root), source="this machine"), LocalSource(root)
     node = pool.nodes[source_node]
     report = SyncReport(path=spec.model.path, source=source_node)
-    if not isinstance(node.transport, SshTransport):
-        return report, LocalSource(Path(spec.model.path).expanduser())
-    sftp = await node.transport.connection.start_sftp_client()
-    return report, NodeSource(spec.model.path, pool.agent(source_node), sftp)
+    agent = pool.agent(source_node)
+    return report, NodeSource(spec.model.path, agent, await _open_files(node))
 
 
 async def _source_manifest(report: SyncReport, pool: NodePool, source_node: str | None) -> Manifest:
@@ -268,10 +262,10 @@ async def _resumable(source: Source, send: list[FileToSend]) -> list[FileToSend]
     return [f if f.path in agree else FileToSend(path=f.path, offset=0) for f in send]
 
 
-async def _open_sink(node: NodeConnection) -> Sink:
-    if isinstance(node.transport, SshTransport):
-        return SftpSink(await node.transport.connection.start_sftp_client())
-    return LocalSink()
+async def _open_files(node: NodeConnection) -> NodeFiles:
+    if node.transport is None:  # its connection was closed meanwhile
+        raise ConnectionError(f"{node.spec.name} is not connected")
+    return await node.transport.open_files()
 
 
 async def _send_all(
@@ -286,8 +280,8 @@ async def _send_all(
         ctx.progress.advance(outcome.node, n)
 
     try:
-        sink = await _open_sink(node)
-    except (asyncssh.Error, OSError) as exc:
+        sink = await _open_files(node)
+    except OSError as exc:
         raise _FileFailed(f"cannot open an SFTP session: {_describe(exc)}") from None
 
     failed = asyncio.Event()
@@ -300,7 +294,7 @@ async def _send_all(
             try:
                 size = sizes[item.path]
                 await copy_file(ctx.source, sink, item.path, dest, item.offset, size, sent)
-            except (asyncssh.Error, OSError) as exc:
+            except OSError as exc:
                 failed.set()
                 raise _FileFailed(await _write_failure(ctx, sink, dest, exc)) from None
         await _verify_arrived(ctx, node.spec.name, staging, item.path, dest)
@@ -328,9 +322,9 @@ async def _verify_arrived(ctx: _Context, node: str, staging: str, rel: str, dest
         )
 
 
-async def _write_failure(ctx: _Context, sink: Sink, dest: str, exc: BaseException) -> str:
+async def _write_failure(ctx: _Context, sink: NodeFiles, dest: str, exc: BaseException) -> str:
     what = _describe(exc)
-    if isinstance(exc, ConnectionError | asyncssh.ConnectionLost | asyncssh.DisconnectError):
+    if isinstance(exc, ConnectionError):
         what = f"the connection to the node was lost ({what})"
     else:
         free = await sink.free_bytes(dest.rsplit("/", 1)[0])
@@ -343,8 +337,6 @@ async def _write_failure(ctx: _Context, sink: Sink, dest: str, exc: BaseExceptio
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncssh.SFTPError):
-        return f"SFTP {type(exc).__name__.removeprefix('SFTP')}: {exc.reason}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
     return str(exc) or type(exc).__name__
