@@ -65,7 +65,7 @@ async def test_deploy_twice_copies_once(sshd: SshdServer, tmp_path: Path) -> Non
     assert code == tmp_path / "remote-cache" / first.digest
     assert (code / DIGEST_FILE).read_text().strip() == first.digest
     assert (code / "node_agent" / "agent.py").is_file() and (code / "serving").is_dir()
-    assert not [p for p in code.parent.iterdir() if p.name.startswith(".tmp")]
+    assert not [p for p in code.parent.iterdir() if ".part-" in p.name]  # no temporary left
 
 
 async def test_fingerprint_over_ssh(
