@@ -55,12 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     command("validate", "check a cluster.toml and summarize it", _validate)
-    plan = command(
-        "plan",
-        "probe the nodes and print the launch plan (placement, ranks, nodes, ports, env)",
-        _plan,
-    )
-    plan.add_argument("--json", action="store_true", help="JSON instead of TOML")
+    plan_help = "probe the nodes and print the launch plan (placement, ranks, ports, env)"
+    command("plan", plan_help, _plan).add_argument("--json", action="store_true")
     up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)
     up.add_argument("--dry-run", action="store_true", help="print the launch plan and stop")
     status = command(

@@ -156,6 +156,7 @@ class Service:
         log.info("preflight passed on %d nodes, %d links", len(fingerprints), len(links.hops))
         if isinstance(placement, Placement):
             self.placement = placement
+            self.metrics.show_placement(placement)
             log.info("%s", describe(placement))
         return True
 
@@ -180,7 +181,9 @@ class Service:
         supervisor = self.supervisor
         app = create_app(
             supervisor,
-            lambda: build_status(self.spec, pool.nodes.values(), supervisor.snapshot()),
+            lambda: build_status(
+                self.spec, pool.nodes.values(), supervisor.snapshot(), self.placement
+            ),
             self.metrics,
             api_key=api_key or None,
             request_timeout_s=self.spec.serving.request_timeout_s,
