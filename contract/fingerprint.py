@@ -72,7 +72,9 @@ class RdmaInfo(Struct, kw_only=True):
 
 
 class ModelConfigInfo(Struct, kw_only=True):
-    """The numbers preflight needs: heads must divide by the world size."""
+    """The numbers placement and preflight need from a model's config: head counts (tensor
+    parallelism splits heads), and what sizes its layers and its KV cache per token.
+    contract/model_config.py reads them from a config.json."""
 
     model_type: str | None = None
     num_attention_heads: int | None = None
@@ -82,6 +84,28 @@ class ModelConfigInfo(Struct, kw_only=True):
     vocab_size: int | None = None
     max_position_embeddings: int | None = None
     quantization_bits: int | None = None
+    quantization_group_size: int | None = None
+    head_dim: int | None = None  # set by Qwen3, gpt-oss...; else hidden / heads
+    intermediate_size: int | None = None  # a dense MLP's width
+    tie_word_embeddings: bool = False
+    # Mixture of experts: routed experts per MoE layer, each moe_intermediate_size wide,
+    # shared experts beside them, and the first layers that stay dense.
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    num_shared_experts: int = 0
+    moe_intermediate_size: int | None = None
+    first_dense_layers: int = 0
+    # Multi-head latent attention (DeepSeek V2/V3, Kimi K2): the KV cache holds one
+    # compressed latent (kv_lora_rank) plus the rotary key part per token and layer.
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    # Sliding-window layers keep at most sliding_window tokens of KV; layer_types names
+    # each layer ("full_attention", "sliding_attention", "linear_attention").
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None
 
 
 class ModelInfo(Struct, kw_only=True):

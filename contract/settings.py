@@ -86,6 +86,9 @@ class RankSettings(Section):
     api_host: str = "127.0.0.1"  # rank 0's internal API listens here
     shutdown_grace_s: NonNegativeSeconds = 10.0  # how long SIGTERM waits for in-flight requests
     model_cache_dir: str | None = None  # where bundled models are converted; None = default
+    # Pipeline parallelism: layers per rank, indexed by rank (mlx-lm's split: rank 0 runs
+    # the last layers); None: tensor parallel (contract/placement.py).
+    pipeline_split: list[PositiveInt] | None = None
 
     def __post_init__(self) -> None:
         problems = settings_problems(self.model, self.serving)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from orchestrator.config import ConfigErrors, check_cluster_file
 from orchestrator.config.summary import summarize
-from orchestrator.launch.plan import build_plan, plan_as_toml
 from orchestrator.status import control
 
 EXIT_OK = 0
@@ -56,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     command("validate", "check a cluster.toml and summarize it", _validate)
-    command("plan", "print the resolved launch plan (ranks, nodes, ports, env) as TOML", _plan)
+    plan_help = "probe the nodes and print the launch plan (placement, ranks, ports, env)"
+    command("plan", plan_help, _plan).add_argument("--json", action="store_true")
     up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)
     up.add_argument("--dry-run", action="store_true", help="print the launch plan and stop")
     status = command(
@@ -97,9 +97,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from orchestrator.launch.plan_command import print_plan  # connects to the nodes
+
     spec, _warnings = check_cluster_file(args.config)
-    print(plan_as_toml(build_plan(spec, "planned")), end="")
-    return EXIT_OK
+    return print_plan(spec, as_json=getattr(args, "json", False))
 
 
 def _up(args: argparse.Namespace) -> int:

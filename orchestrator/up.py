@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from contract.placement import Placement
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
@@ -31,6 +32,8 @@ from orchestrator.launch.preflight import run_preflight
 from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.provision.sync.command import sync_before_up
+from orchestrator.launch.plan_command import describe
+from orchestrator.placement.decide import place
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,
@@ -66,6 +69,7 @@ class Service:
         self._signals = 0
         self._shutdown = asyncio.Event()
         self._force = asyncio.Event()
+        self.placement: Placement | None = None  # decided at preflight, kept for relaunches
 
     async def run(self) -> int:
         previous = read_state(self.state_file)
@@ -98,7 +102,10 @@ class Service:
                 self.machine,
                 monitor,
                 Rank0Probe(http),
-                lambda: Gang(build_plan(self.spec, new_launch_id(), pool.fingerprints()), pool),
+                lambda: Gang(
+                    build_plan(self.spec, new_launch_id(), pool.fingerprints(), self.placement),
+                    pool,
+                ),
                 links=links,
                 on_launch=self._record_launch,
             )
@@ -128,7 +135,10 @@ class Service:
             return False
         self.machine.to(GangState.PREFLIGHT)
         fingerprints = await pool.fingerprint_all()
-        failures = run_preflight(self.spec, fingerprints, await self._busy_ports(pool))
+        placement = place(self.spec, fingerprints)
+        failures = run_preflight(
+            self.spec, fingerprints, await self._busy_ports(pool), placement
+        )
         for failure in failures:
             self.metrics.preflight_failures.labels(check=failure.check).inc()
         if failures:
@@ -144,6 +154,10 @@ class Service:
             )
             return False
         log.info("preflight passed on %d nodes, %d links", len(fingerprints), len(links.hops))
+        if isinstance(placement, Placement):
+            self.placement = placement
+            self.metrics.show_placement(placement)
+            log.info("%s", describe(placement))
         return True
 
     async def _busy_ports(self, pool: NodePool) -> dict[str, list[str]]:
@@ -167,7 +181,9 @@ class Service:
         supervisor = self.supervisor
         app = create_app(
             supervisor,
-            lambda: build_status(self.spec, pool.nodes.values(), supervisor.snapshot()),
+            lambda: build_status(
+                self.spec, pool.nodes.values(), supervisor.snapshot(), self.placement
+            ),
             self.metrics,
             api_key=api_key or None,
             request_timeout_s=self.spec.serving.request_timeout_s,

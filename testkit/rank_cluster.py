@@ -118,15 +118,18 @@ def rank_cluster(
     env: dict[str, str] | None = None,
     wait: bool = True,
     served_model_id: str | None = None,
+    pipeline_split: list[int] | None = None,
     **serving: object,
 ) -> Iterator[RankCluster]:
     """A running cluster for the duration of the block; always stopped afterwards.
 
-    `serving` holds ServingSettings fields (max_batch_size=..., keepalive_s=...)."""
+    `serving` holds ServingSettings fields (max_batch_size=..., keepalive_s=...);
+    `pipeline_split`: layers per rank for pipeline parallelism (else tensor)."""
     workdir.mkdir(parents=True, exist_ok=True)
     settings = RankSettings(
         model=ModelSettings(path=str(model_dir), id=served_model_id),
         serving=ServingSettings(rank_api_port=free_ports(1)[0], **serving),  # type: ignore[arg-type]
+        pipeline_split=pipeline_split,
     )
     cluster = RankCluster(workdir, settings, world_size, f"test-{world_size}r")
     try:

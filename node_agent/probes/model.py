@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 from contract.bundled_models import BUNDLED_PREFIX, ModelResolutionError, bundled_gguf_path
 from contract.fingerprint import ModelConfigInfo, ModelInfo
+from contract.model_config import config_info
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.probes.gguf import GgufHeader, read_gguf_header
 
@@ -104,33 +104,8 @@ def inspect_model_dir(spec: str, path: Path) -> ModelInfo:
         info.error = f"{config_path} is missing: not an mlx-lm model directory"
         return info
     try:
-        info.config = _hf_config(json.loads(config_path.read_text()))
+        info.config = config_info(json.loads(config_path.read_text()))
     except (OSError, ValueError) as exc:
         info.error = f"cannot parse {config_path}: {exc}"
     return info
 
-
-def _hf_config(config: dict[str, Any]) -> ModelConfigInfo:
-    # Multimodal configs keep the language model's numbers under text_config.
-    text = config.get("text_config")
-    merged = {**config, **text} if isinstance(text, dict) else config
-
-    def num(key: str) -> int | None:
-        value = merged.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    quant = merged.get("quantization")
-    bits = quant.get("bits") if isinstance(quant, dict) else None
-    heads = num("num_attention_heads")
-    model_type = merged.get("model_type")
-    return ModelConfigInfo(
-        model_type=model_type if isinstance(model_type, str) else None,
-        num_attention_heads=heads,
-        # Llama-style configs omit it when there is no grouped-query attention.
-        num_key_value_heads=num("num_key_value_heads") or heads,
-        num_hidden_layers=num("num_hidden_layers"),
-        hidden_size=num("hidden_size"),
-        vocab_size=num("vocab_size"),
-        max_position_embeddings=num("max_position_embeddings"),
-        quantization_bits=bits if isinstance(bits, int) else None,
-    )

@@ -34,6 +34,10 @@ class ClusterSection(Section):
     state_dir: str = "~/.local/state/mlx-cluster-orchestrator"
     # Rank i listens on rank_port + i for the ring backend (jaccl: rank 0's coordinator port).
     rank_port: Port = 52100
+    # How the model is split over the ranks (orchestrator/placement/): "tensor" (1/n of
+    # every layer; heads must divide by n), "pipeline" (a range of layers each, weighted
+    # by memory), or "auto": tensor where it works and fits, else pipeline.
+    parallel: Literal["auto", "tensor", "pipeline"] = "auto"
 
 
 class ApiSection(Section):
@@ -81,6 +85,9 @@ class NodeSpec(Section):
     workdir: str | None = None
     rdma: list[str | None] | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    # The most memory (GiB) the model and its KV cache may use on this node: room kept
+    # for other programs; placement weighs the pipeline split by it.
+    memory_gb: Annotated[float, Meta(gt=0)] | None = None
 
     @property
     def rank_ip(self) -> str:

@@ -20,6 +20,7 @@ import tomli_w
 
 from contract import rank_env
 from contract.fingerprint import NodeFingerprint, ranks_on_machine
+from contract.placement import Placement
 from contract.settings import RankSettings, encode_settings
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.links import rank_addresses
@@ -45,6 +46,7 @@ class LaunchPlan(msgspec.Struct, kw_only=True):
     api_url: str
     rank0_url: str
     ranks: list[RankLaunch]
+    placement: Placement | None = None  # None: not decided (no fingerprints): tensor
 
 
 def new_launch_id() -> str:
@@ -53,15 +55,20 @@ def new_launch_id() -> str:
 
 
 def build_plan(
-    spec: ClusterSpec, launch_id: str, fingerprints: Mapping[str, NodeFingerprint] | None = None
+    spec: ClusterSpec,
+    launch_id: str,
+    fingerprints: Mapping[str, NodeFingerprint] | None = None,
+    placement: Placement | None = None,
 ) -> LaunchPlan:
-    """`fingerprints`: the nodes' latest, where taken (they tell which share a machine)."""
+    """`fingerprints`: the nodes' latest, where taken (they tell which share a machine);
+    `placement`: the split preflight decided (orchestrator/placement/)."""
     sharing = ranks_on_machine(fingerprints or {})
     settings = RankSettings(
         model=spec.model,
         serving=spec.serving,
         api_host=spec.rank0_api_host,
         shutdown_grace_s=spec.supervisor.stop_grace_s,
+        pipeline_split=placement.pipeline_split if placement else None,
     )
     files = {rank_env.SETTINGS_FILE: encode_settings(settings).decode()}
     if spec.world_size == 1:
@@ -89,6 +96,7 @@ def build_plan(
         api_url=f"http://{spec.api.host}:{spec.api.port}/v1",
         rank0_url=spec.rank0_url,
         ranks=ranks,
+        placement=placement,
     )
 
 
@@ -121,7 +129,18 @@ def _env(
 
 def plan_as_toml(plan: LaunchPlan) -> str:
     """The plan for `orchestrator plan` / `up --dry-run`, secret-looking env values masked."""
+    return tomli_w.dumps(_shown(plan))
+
+
+def plan_as_json(plan: LaunchPlan) -> str:
+    """`orchestrator plan --json`: the same, for scripts."""
+    return json.dumps(_shown(plan), indent=2) + "\n"
+
+
+def _shown(plan: LaunchPlan) -> dict[str, Any]:
     data: dict[str, Any] = msgspec.to_builtins(plan)
+    if data.get("placement") is None:
+        data.pop("placement", None)  # TOML has no null
     for rank in data["ranks"]:
         rank["env"] = {k: "***" if _SECRET_NAME.search(k) else v for k, v in rank["env"].items()}
-    return tomli_w.dumps(data)
+    return data

@@ -6,20 +6,20 @@ found and the fix; `up` reports all of them at once and exits 2.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from contract.fingerprint import ModelConfigInfo, NodeFingerprint, ranks_on_machine
+from contract.fingerprint import NodeFingerprint
+from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.config.links import rank_addresses
+from orchestrator.placement.decide import Refusal, place
 
 GIB = 1024**3
 # The project itself is compared by the digest of the code the agent runs.
 PACKAGES = ("mlx", "mlx-lm", "mlx-metal")
 # JACCL (RDMA over Thunderbolt) shipped in macOS 26.2.
 JACCL_MIN_MACOS = (26, 2)
-MAX_SUGGESTED_RANKS = 16
 # Makes a venv on every node with the orchestrator's own versions, from pushed wheels.
 BOOTSTRAP_FIX = "run `orchestrator bootstrap cluster.toml`"
 
@@ -39,10 +39,21 @@ Fingerprints = Mapping[str, NodeFingerprint]
 
 
 def run_preflight(
-    spec: ClusterSpec, fingerprints: Fingerprints, busy_ports: Mapping[str, list[str]] | None = None
+    spec: ClusterSpec,
+    fingerprints: Fingerprints,
+    busy_ports: Mapping[str, list[str]] | None = None,
+    placement: Placement | Refusal | None = None,
 ) -> list[PreflightFailure]:
-    checks = (_versions, _model, _heads, _memory, _addresses, _jaccl)
+    """`placement`: what orchestrator.placement.place decided for these fingerprints
+    (decided here when not given)."""
+    if placement is None:
+        placement = place(spec, fingerprints)
+    checks = (_versions, _model, _memory_caps, _addresses, _jaccl)
     failures = [failure for check in checks for failure in check(spec, fingerprints)]
+    if isinstance(placement, Refusal):
+        failures.append(
+            PreflightFailure(placement.node, placement.check, placement.found, placement.fix)
+        )
     for node, endpoints in (busy_ports or {}).items():
         for endpoint in endpoints:
             failures.append(
@@ -139,74 +150,24 @@ def _model(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure
         )
 
 
-def _model_config(spec: ClusterSpec, prints: Fingerprints) -> ModelConfigInfo | None:
-    model = prints[spec.nodes[0].name].model
-    return model.config if model and model.exists else None
 
 
-def _heads(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
-    config = _model_config(spec, prints)
-    if config is None or config.num_attention_heads is None:
-        return
-    heads = config.num_attention_heads
-    kv_heads = config.num_key_value_heads or heads
-    ranks = spec.world_size
-    if heads % ranks == 0 and kv_heads % ranks == 0:
-        return
-    common = math.gcd(heads, kv_heads)
-    working = [n for n in range(1, min(common, MAX_SUGGESTED_RANKS) + 1) if common % n == 0]
-    yield PreflightFailure(
-        "*",
-        "heads",
-        f"the model has {heads} attention heads and {kv_heads} KV heads, which do not divide "
-        f"by {ranks} ranks (tensor parallelism splits heads evenly)",
-        f"use a rank count of {', '.join(map(str, working))} (nodes in cluster.toml), "
-        "or a model whose head counts divide by the number of nodes",
-    )
 
 
-def _memory(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
-    model = prints[spec.nodes[0].name].model
-    if model is None or not model.exists:
-        return
-    need = model.weight_bytes / spec.world_size + _kv_margin_bytes(spec, prints)
-    reserve = spec.preflight.reserve_memory_gb * GIB
-    sharing = ranks_on_machine(prints)  # nodes on one kernel share its memory
-    for node in spec.nodes:
-        fingerprint = prints[node.name]
-        usable = fingerprint.usable_memory_bytes()
-        ranks = sharing.get(node.name, 1)
-        if usable is None or need * ranks <= usable - reserve:
+def _memory_caps(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
+    """A node's memory_gb may only lower what placement counts on, never raise it."""
+    for index, node in enumerate(spec.nodes):
+        memory = prints[node.name].memory
+        if node.memory_gb is None or memory is None or node.memory_gb * GIB <= memory.total_bytes:
             continue
-        together = (
-            f"; {ranks} ranks share this machine: {need * ranks / GIB:.1f} GiB together"
-            if ranks > 1
-            else ""
-        )
         yield PreflightFailure(
             node.name,
             "memory",
-            f"needs {need / GIB:.1f} GiB (its share of the weights plus KV cache){together} "
-            f"but has {usable / GIB:.1f} GiB usable, less "
-            f"{spec.preflight.reserve_memory_gb:g} GiB reserved",
-            ("run these ranks on separate machines, " if ranks > 1 else "add nodes, ")
-            + "use a smaller or more quantized model, free memory on the node, or "
-            "raise iogpu.wired_limit_mb (macOS)",
+            f"nodes[{index}].memory_gb = {node.memory_gb:g} is above the node's "
+            f"{memory.total_bytes / GIB:.1f} GiB of memory",
+            f"set nodes[{index}].memory_gb to at most {memory.total_bytes / GIB:.1f}, or "
+            "remove it to use what the node has",
         )
-
-
-def _kv_margin_bytes(spec: ClusterSpec, prints: Fingerprints) -> float:
-    """One full-context sequence of fp16 keys and values, split across the ranks."""
-    config = _model_config(spec, prints)
-    if config is None or not (
-        config.num_hidden_layers and config.hidden_size and config.num_attention_heads
-    ):
-        return 0.0
-    head_dim = config.hidden_size / config.num_attention_heads
-    kv_heads = config.num_key_value_heads or config.num_attention_heads
-    context = spec.model.context_length or config.max_position_embeddings or 4096
-    per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * 2
-    return per_token * context / spec.world_size
 
 
 def _addresses(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from msgspec import Struct, field
 
+from contract.placement import Placement
+
 
 class NodeStatus(Struct, kw_only=True):
     name: str
@@ -64,3 +66,4 @@ class ClusterStatus(Struct, kw_only=True):
     ranks: list[RankStatus] = []
     serving: ServingStatus = field(default_factory=ServingStatus)
     history: list[RestartEntry] = []  # the latest gang failures, oldest first
+    placement: Placement | None = None  # tensor or pipeline, and each rank's share

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from contract.exit_codes import describe_exit
 from contract.fingerprint import NodeFingerprint
+from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import LaunchedRank
 from orchestrator.status.model import (
@@ -23,7 +24,10 @@ from orchestrator.transports.pool import NodeConnection
 
 
 def build_status(
-    spec: ClusterSpec, nodes: Iterable[NodeConnection], snapshot: SupervisorSnapshot
+    spec: ClusterSpec,
+    nodes: Iterable[NodeConnection],
+    snapshot: SupervisorSnapshot,
+    placement: Placement | None = None,
 ) -> ClusterStatus:
     failure = snapshot.last_failure
     return ClusterStatus(
@@ -41,6 +45,7 @@ def build_status(
         ranks=[_rank(process) for process in snapshot.ranks],
         serving=_serving(snapshot),
         history=[_restart(result.root) for result in snapshot.history],
+        placement=placement,
     )
 
 

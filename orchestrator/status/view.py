@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from contract.placement import RankShare
 from orchestrator.console import report_console
 from orchestrator.status.model import ClusterStatus, NodeStatus
 
@@ -26,7 +27,9 @@ def render_status(status: ClusterStatus) -> Group:
         f"API {status.api_url}, launch {status.launch_id or '-'}, restarts {status.restarts}"
         + (f", last cause {status.last_cause}" if status.last_cause else ""),
     )
-    return Group(head, _nodes_table(status), _ranks_table(status), _serving_line(status))
+    placement = status.placement
+    mode = Text(f"{placement.mode} parallel: {placement.reason}" if placement else "")
+    return Group(head, mode, _nodes_table(status), _ranks_table(status), _serving_line(status))
 
 
 def _nodes_table(status: ClusterStatus) -> Table:
@@ -71,18 +74,27 @@ def _memory(node: NodeStatus) -> str:
 
 def _ranks_table(status: ClusterStatus) -> Table:
     table = Table(title="ranks", title_justify="left", expand=False)
-    for column in ("rank", "node", "pid", "state", "uptime", "last exit"):
+    for column in ("rank", "node", "share", "pid", "state", "uptime", "last exit"):
         table.add_column(column)
+    shares = {share.rank: share for share in status.placement.ranks} if status.placement else {}
     for rank in status.ranks:
+        share = shares.get(rank.rank)
         table.add_row(
             str(rank.rank),
             rank.node,
+            _share(share) if share else "-",
             str(rank.pid or "-"),
             rank.state,
             _duration(rank.uptime_s) if rank.pid else "-",
             rank.last_exit or "-",
         )
     return table
+
+
+def _share(share: RankShare) -> str:
+    """Pipeline: the layers as a half-open range; both modes: the weights' size."""
+    size = f"{share.weight_bytes / GIB:.2f} GiB"
+    return f"layers [{share.layers[0]}, {share.layers[1]}) {size}" if share.layers else size
 
 
 def _serving_line(status: ClusterStatus) -> Text:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, generate_latest
 
+from contract.placement import Placement
 from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.state import GangState
 
 FAILED_REQUEST_REASONS = ("unavailable", "stream_cut")  # the gateway's labels
-PREFLIGHT_CHECKS = ("versions", "model", "heads", "memory", "address", "ports", "jaccl", "links")
+PREFLIGHT_CHECKS = (
+    "versions", "model", "heads", "architecture", "memory", "address", "ports", "jaccl", "links"
+)
 STATUSES = ("200", "400", "401", "404", "413", "429", "500", "503", "504")
 _DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
@@ -73,8 +76,39 @@ class OrchestratorMetrics:
             ["reason"],
             registry=r,
         )
+        self._placement_metrics(r)
         self.state.state(GangState.PENDING.value)
         self._zero_known_labels()
+
+    def _placement_metrics(self, r: CollectorRegistry) -> None:
+        self.rank_layers = Gauge(
+            "orchestrator_rank_layers",
+            "Pipeline mode: the first (edge=start) and one past the last (edge=end) layer a "
+            "rank holds, in the model's numbering.",
+            ["rank", "node", "edge"],
+            registry=r,
+        )
+        self.rank_weight_bytes = Gauge(
+            "orchestrator_rank_weight_bytes",
+            "Bytes of the model's weights a rank holds (its placement's estimate).",
+            ["rank", "node"],
+            registry=r,
+        )
+        self.parallel_mode = Enum(
+            "orchestrator_parallel_mode",
+            "How the model is split over the ranks.",
+            states=["tensor", "pipeline"],
+            registry=r,
+        )
+
+    def show_placement(self, placement: Placement) -> None:
+        self.parallel_mode.state(placement.mode)
+        for share in placement.ranks:
+            labels = {"rank": str(share.rank), "node": share.node}
+            self.rank_weight_bytes.labels(**labels).set(share.weight_bytes)
+            if share.layers:
+                self.rank_layers.labels(**labels, edge="start").set(share.layers[0])
+                self.rank_layers.labels(**labels, edge="end").set(share.layers[1])
 
     def _zero_known_labels(self) -> None:
         """Every known label value from the start, so increase() and rate() see a 0, not

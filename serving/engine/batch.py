@@ -65,10 +65,11 @@ class MirroredBatch:
         # Live uids in insertion order -> prompt tokens each reused from the prefix cache.
         self.active: dict[int, int] = {}
         # Prefix cache of finished sequences' KV (this rank's shard). Every rank inserts,
-        # looks up and evicts alike: the same entries in the same order, each the same size
-        # (KV heads split evenly), under the same byte bound (agreed at start-up). What each
-        # insert reused is in the batch fingerprint, so a rank that decided otherwise is a
-        # desync at the next plan.
+        # looks up and evicts alike: the same entries in the same order, under byte bounds
+        # agreed at start-up in proportion to each rank's entry size (equal in tensor mode,
+        # per layer in pipeline mode: serving/rank/startup.py). What each insert reused is
+        # in the batch fingerprint, so a rank that decided otherwise is a desync at the
+        # next plan.
         self.prompt_cache = (
             LRUPromptCache(max_size=prompt_cache_size, max_bytes=prompt_cache_bytes)
             if prompt_cache_size and prompt_cache_bytes else None

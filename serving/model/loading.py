@@ -1,4 +1,5 @@
-"""Load the model on every rank: tensor-sharded at world size > 1, plain at 1."""
+"""Load the model on every rank: plain at world size 1, else tensor-sharded or, when the
+settings carry a pipeline split, this rank's range of layers (contract/placement.py)."""
 
 from __future__ import annotations
 
@@ -74,8 +75,11 @@ def load(settings: RankSettings, group: mx.distributed.Group) -> LoadedModel:
     """Load (and shard) the model; logs what this rank loaded and how long it took."""
     path = resolve(settings, float32=_bundled_as_float32(settings, group))
     started = time.monotonic()
+    split = settings.pipeline_split
     try:
-        if group.size() > 1:
+        if group.size() > 1 and split:
+            model, tokenizer, config = _load_pipeline(path, group, split)
+        elif group.size() > 1:
             from mlx_lm.utils import sharded_load
 
             model, tokenizer, config = sharded_load(
@@ -93,9 +97,45 @@ def load(settings: RankSettings, group: mx.distributed.Group) -> LoadedModel:
         raise ModelLoadError(f"loading {path} failed: {exc}") from exc
     context = settings.model.context_length or int(config.get("max_position_embeddings", 2048))
     vocab = int(config.get("vocab_size", 0)) or len(tokenizer.vocab)
+    share = (
+        f"pipeline stage with layers [{model.model.start_idx}, {model.model.end_idx})"
+        if split and group.size() > 1
+        else "tensor shard"
+    )
     log.info(
-        "loaded %s (%s) as tensor shard %d/%d in %.2f s; context %d tokens",
-        path, config.get("model_type", "?"), group.rank(), group.size(),
+        "loaded %s (%s) as %s %d/%d in %.2f s; context %d tokens",
+        path, config.get("model_type", "?"), share, group.rank(), group.size(),
         time.monotonic() - started, context,
     )
     return LoadedModel(model, tokenizer, context, vocab, path)
+
+
+def _load_pipeline(
+    path: Path, group: mx.distributed.Group, split: list[int]
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """mlx-lm's sharded_load with the orchestrator's memory-weighted split (it would split
+    evenly): the weights load lazily, and only this rank's layers are ever read."""
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    model, config = load_model(path, lazy=True, strict=False, get_model_classes=_model_classes)
+    if not hasattr(model, "model") or not hasattr(model.model, "pipeline"):
+        raise ModelLoadError(f"mlx-lm cannot pipeline {config.get('model_type')!r} models")
+    model.model.pipeline(group, split)
+    mx.eval(model.parameters())
+    tokenizer = load_tokenizer(
+        path, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id")
+    )
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu, group=group))  # all loaded
+    return model, tokenizer, config
+
+
+def _model_classes(config: dict[str, Any]) -> tuple[type[nn.Module], type]:
+    """mlx-lm's own classes, but llama's pipeline adapter for llama models."""
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    if model_class.__module__ == "mlx_lm.models.llama":
+        from serving.model.pipeline_llama import Model
+
+        return Model, args_class
+    return model_class, args_class

@@ -8,6 +8,7 @@ import os
 
 import mlx.core as mx
 import psutil
+from mlx_lm.models.cache import make_prompt_cache
 
 from contract.exit_codes import RankExit
 from contract.settings import RankSettings
@@ -57,27 +58,56 @@ def make_batch(
         serving.max_batch_size,
         serving.prefill_step_size,
         serving.prompt_cache_size,
-        prompt_cache_bytes(settings, group),
+        prompt_cache_bytes(settings, group, _cache_layers(settings, loaded, group)),
     )
 
 
-def prompt_cache_bytes(settings: RankSettings, group: mx.distributed.Group) -> int:
-    """The prefix cache's byte bound, equal on every rank (a collective: all ranks call it).
+def prompt_cache_bytes(
+    settings: RankSettings, group: mx.distributed.Group, layers: int | None = 1
+) -> int:
+    """The prefix cache's byte bound (a collective: all ranks call it).
 
     By default a share of the memory left once every rank has loaded, split among the
     ranks on this machine: each sees the same free memory, and a cache each sized from
-    all of it would promise that memory several times over."""
-    if settings.serving.prompt_cache_gb is not None:
-        return int(settings.serving.prompt_cache_gb * 1e9)
+    all of it would promise that memory several times over. Every rank must evict alike,
+    so the bound is agreed per layer of cache and scaled by this rank's `layers`: equal
+    everywhere in tensor mode (1), its own layer count in pipeline mode, where an entry's
+    size follows the rank's layers. None: this launch keeps no prefix cache."""
+    if layers is None:
+        return 0
+    configured = settings.serving.prompt_cache_gb
+    split = settings.pipeline_split if group.size() > 1 else None
+    if configured is not None:  # the rank with the most layers holds what is configured
+        return int(configured * 1e9) * layers // (max(split) if split else 1)
     sharing = ranks_on_machine()
-    bound = int(psutil.virtual_memory().available * DEFAULT_CACHE_SHARE / sharing)
+    per_layer = int(psutil.virtual_memory().available * DEFAULT_CACHE_SHARE / sharing) // layers
     if group.size() > 1:
         # float32 holds it to ~7 digits: plenty, and every rank gets the very same value.
-        agreed = mx.distributed.all_min(mx.array(bound / 1e6, dtype=mx.float32), group=group)
-        bound = int(float(agreed.item()) * 1e6)  # type: ignore[arg-type]
-    log.info("prefix cache bound %.2f GB on every rank (%d on this machine)",
+        agreed = mx.distributed.all_min(mx.array(per_layer / 1e6, dtype=mx.float32), group=group)
+        per_layer = int(float(agreed.item()) * 1e6)  # type: ignore[arg-type]
+    bound = per_layer * layers
+    log.info("prefix cache bound %.2f GB on this rank (%d on this machine)",
              bound / 1e9, sharing)
     return bound
+
+
+def _cache_layers(
+    settings: RankSettings, loaded: LoadedModel, group: mx.distributed.Group
+) -> int | None:
+    """How many per-layer caches an entry holds here, for prompt_cache_bytes: 1 in tensor
+    mode (every rank's entries are equal), this rank's layers in pipeline mode. None when a
+    pipelined model mixes cache kinds (sliding or linear-attention layers beside full
+    ones): entry sizes then differ between ranks out of proportion, and ranks evicting
+    differently would desync, so no prefix cache (decided alike on every rank)."""
+    if not settings.pipeline_split or group.size() == 1:
+        return 1
+    caches = make_prompt_cache(loaded.model)
+    mixed = int(len({type(cache) for cache in caches}) > 1)
+    if mx.distributed.all_max(mx.array(mixed), group=group).item():
+        log.warning("prefix cache off: this model's layers keep different kinds of cache, "
+                    "which pipeline ranks cannot evict alike")
+        return None
+    return len(caches)
 
 
 def exit_for(exc: BaseException) -> RankExit:

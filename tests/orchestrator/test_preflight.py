@@ -9,9 +9,11 @@ import msgspec
 import pytest
 
 from contract.fingerprint import NodeFingerprint
+from contract.placement import Placement
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.load import check_cluster_data
-from orchestrator.launch.preflight import PreflightFailure, _kv_margin_bytes, run_preflight
+from orchestrator.launch.preflight import PreflightFailure, run_preflight
+from orchestrator.placement.decide import place
 from orchestrator.transports import LocalTransport
 
 replace = msgspec.structs.replace
@@ -57,12 +59,27 @@ async def test_healthy_local_cluster_passes(bundled_fingerprint: NodeFingerprint
 async def test_heads_not_divisible_names_working_rank_counts(
     bundled_fingerprint: NodeFingerprint,
 ) -> None:
-    """SmolLM2 (9 heads, 3 KV heads) on 2 ranks fails, suggesting 1 or 3."""
+    """SmolLM2 (9 heads, 3 KV heads) on 2 ranks: auto pipelines it; tensor is refused,
+    suggesting pipeline, 1 or 3 ranks."""
     spec = cluster("bundled:smollm2-135m-instruct", 2)
+    assert run_preflight(spec, prints_for(spec, bundled_fingerprint)) == []
+    spec = cluster("bundled:smollm2-135m-instruct", 2, cluster={"parallel": "tensor"})
     (failure,) = run_preflight(spec, prints_for(spec, bundled_fingerprint))
     assert failure.check == "heads"
     assert "9 attention heads and 3 KV heads" in failure.found
-    assert "use a rank count of 1, 3" in failure.fix
+    assert '"pipeline"' in failure.fix and "use 1 or 3 nodes" in failure.fix
+
+
+async def test_memory_gb_above_the_node_is_refused(bundled_fingerprint: NodeFingerprint) -> None:
+    """A memory_gb the node does not have names the field and the node's memory."""
+    assert bundled_fingerprint.memory is not None
+    too_much = bundled_fingerprint.memory.total_bytes / 1024**3 + 1
+    data = {"model": {"path": "bundled:smollm2-135m-instruct"},
+            "nodes": [{"name": "n0", "ip": "127.0.0.1", "memory_gb": too_much}]}
+    spec, _warnings = check_cluster_data(data, Path("test.toml"))
+    (failure,) = run_preflight(spec, prints_for(spec, bundled_fingerprint))
+    assert failure.check == "memory" and "nodes[0].memory_gb" in failure.found
+    assert "set nodes[0].memory_gb to at most" in failure.fix
 
 
 async def test_missing_model(bundled_fingerprint: NodeFingerprint, tmp_path: Path) -> None:
@@ -114,7 +131,7 @@ async def test_memory_too_small(bundled_fingerprint: NodeFingerprint) -> None:
     spec = cluster("bundled:smollm2-135m-instruct", preflight={"reserve_memory_gb": 1e6})
     failures = run_preflight(spec, prints_for(spec, bundled_fingerprint))
     assert checks(failures) == ["memory"]
-    assert "GiB usable" in failures[0].found
+    assert "may use" in failures[0].found
 
 
 async def test_ranks_on_one_machine_share_its_memory(
@@ -124,14 +141,15 @@ async def test_ranks_on_one_machine_share_its_memory(
     shares together: room for two shares fails them, naming the sum; three machines pass."""
     spec = cluster("bundled:smollm2-135m-instruct", 3)
     prints = prints_for(spec, bundled_fingerprint)
-    assert bundled_fingerprint.model and bundled_fingerprint.memory
-    need = bundled_fingerprint.model.weight_bytes / 3 + _kv_margin_bytes(spec, prints)
+    placement = place(spec, prints)
+    assert isinstance(placement, Placement) and bundled_fingerprint.memory
+    need = placement.ranks[0].weight_bytes + placement.ranks[0].kv_bytes
     usable = bundled_fingerprint.memory.available_bytes or bundled_fingerprint.memory.total_bytes
     reserve_gb = (usable - 2 * need) / 1024**3  # room for two ranks' shares
     spec = cluster("bundled:smollm2-135m-instruct", 3, preflight={"reserve_memory_gb": reserve_gb})
     failures = run_preflight(spec, prints)
-    assert checks(failures) == ["memory"] * 3
-    assert "3 ranks share this machine" in failures[0].found
+    assert checks(failures) == ["memory"]
+    assert failures[0].found.count("3 ranks share this machine") == 3
     assert "separate machines" in failures[0].fix
     apart = {
         node.name: replace(bundled_fingerprint, boot_id=f"machine-{i}")

@@ -229,3 +229,20 @@ def test_prefix_cache_default_is_shared_by_the_ranks_of_one_machine(
         model=ModelSettings(path="m"), serving=ServingSettings(prompt_cache_gb=2)
     )
     assert startup.prompt_cache_bytes(configured, group) == 2 * 10**9
+
+
+def test_prefix_cache_bound_is_agreed_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipeline rank's bound is a whole number of per-layer bounds (so ranks holding
+    different layer counts evict alike); None layers (mixed cache kinds) means no cache."""
+    import mlx.core as mx
+
+    from serving.rank import startup
+
+    free = 12 * 10**9 + 7
+    monkeypatch.setattr(startup.psutil, "virtual_memory", lambda: SimpleNamespace(available=free))
+    monkeypatch.setenv(RANKS_ON_MACHINE, "1")
+    group = mx.distributed.init()
+    settings = RankSettings(model=ModelSettings(path="m"))
+    bound = startup.prompt_cache_bytes(settings, group, 7)
+    assert bound % 7 == 0 and free * startup.DEFAULT_CACHE_SHARE - bound < 7
+    assert startup.prompt_cache_bytes(settings, group, None) == 0

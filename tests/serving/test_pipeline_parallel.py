@@ -1,0 +1,77 @@
+"""Pipeline-parallel ranks (each a range of layers, mlx-lm's PipelineMixin; llama through
+serving/model/pipeline_llama.py) produce exactly the 1-rank output: greedy, a seeded
+sample through every logits processor with logprobs, and a second turn from the prefix
+cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from testkit.rank_cluster import rank_cluster
+from testkit.waiting import metric_value
+
+PROMPT = "Write a haiku about the sea."
+PROCESSED = {
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.3,
+    "logit_bias": {"42": 5.0, "28": -5.0},
+    "min_p": 0.05,
+    "temperature": 0.7,
+    "seed": 11,
+    "logprobs": True,
+    "top_logprobs": 2,
+}
+
+
+def chat(url: str, messages: list[dict[str, str]], **fields: object) -> dict[str, object]:
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=600,
+        json={"model": "m", "messages": messages, "max_tokens": 10, **fields},
+    )
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    logprobs = choice.get("logprobs") or {}
+    return {
+        "text": choice["message"]["content"],
+        "logprobs": [_rounded(t["logprob"]) for t in logprobs.get("content") or []],
+    }
+
+
+def outputs(workdir: Path, model_dir: Path, split: list[int] | None) -> list[dict[str, object]]:
+    ranks = len(split) if split else 1
+    with rank_cluster(workdir, model_dir, ranks, served_model_id="m",
+                      pipeline_split=split) as cluster:
+        url = cluster.base_url
+        first = chat(url, [{"role": "user", "content": PROMPT}], temperature=0)
+        sampled = chat(url, [{"role": "user", "content": PROMPT}], **PROCESSED)
+        reused = metric_value(url, "serving_prefix_cache_hit_tokens_total")
+        turns = [{"role": "user", "content": PROMPT},
+                 {"role": "assistant", "content": str(first["text"])},
+                 {"role": "user", "content": "Another one, about the moon."}]
+        second = chat(url, turns, temperature=0)
+        assert metric_value(url, "serving_prefix_cache_hit_tokens_total") - reused >= 20
+        if split:
+            for rank, (start, end) in enumerate(_ranges(split)):
+                log = cluster.log_text(rank)
+                assert f"pipeline stage with layers [{start}, {end}) {rank}/{ranks}" in log
+                assert "DESYNC" not in log
+        return [first, sampled, second]
+
+
+def _ranges(split: list[int]) -> list[tuple[int, int]]:
+    return [(sum(split[r + 1 :]), sum(split[r:])) for r in range(len(split))]
+
+
+def test_two_rank_pipeline_matches_one_rank(tmp_path: Path, bundled_quantized_dir: Path) -> None:
+    """SmolLM2 (a llama: 9 heads, which 2 ranks cannot split by heads) at 2 pipeline
+    ranks with an uneven split (rank 0 the last 20 layers, rank 1 the first 10)."""
+    single = outputs(tmp_path / "r1", bundled_quantized_dir, None)
+    assert outputs(tmp_path / "p2", bundled_quantized_dir, [20, 10]) == single
+
+
+def _rounded(logprob: float | None) -> float | None:
+    return None if logprob is None else round(logprob, 3)  # None: -inf (a banned token)
