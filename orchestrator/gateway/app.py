@@ -20,6 +20,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from contract.openai_errors import ApiError
 from contract.openai_schemas import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -29,7 +30,6 @@ from contract.openai_schemas import (
     ModelList,
 )
 from orchestrator.gateway.errors import (
-    ApiError,
     ClientGone,
     api_error_handler,
     http_exception_handler,
@@ -159,13 +159,13 @@ def _check_utf8(body: bytes, headers: dict[str, str]) -> None:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"the request body is not UTF-8: {exc.reason} at byte {exc.start}",
-                       type="invalid_request_error", code="invalid_encoding") from None
+                       code="invalid_encoding") from None
     for name, value in headers.items():
         try:  # ASGI hands header values over as latin-1
             value.encode("latin-1").decode("utf-8")
         except UnicodeError:
             raise ApiError(400, f"the value of header {name!r} is not UTF-8",
-                           type="invalid_request_error", code="invalid_encoding") from None
+                           code="invalid_encoding") from None
 
 
 async def _unless_client_leaves(request: Request, forward: Awaitable[ProxyResult]) -> ProxyResult:

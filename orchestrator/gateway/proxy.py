@@ -15,11 +15,12 @@ import msgspec
 from contract.openai_errors import (
     DONE_EVENT,
     GANG_FAILURE_CODES,
+    ApiError,
     ErrorBody,
     error_code_of_event,
     sse_error_event,
 )
-from orchestrator.gateway.errors import ApiError, unavailable
+from orchestrator.gateway.errors import unavailable
 from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState

@@ -15,9 +15,9 @@ import openai
 import pytest
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
+from contract.openai_errors import ApiError
 from contract.openai_schemas import ChatCompletionRequest
 from contract.rank_env import FORCED_OUTPUT
-from serving.api.errors import OpenAIError
 from serving.api.tool_calls import ToolCallStream, ToolPlan, plan_tools
 from testkit.rank_cluster import RankCluster, rank_cluster
 
@@ -104,7 +104,7 @@ def request(**fields: Any) -> ChatCompletionRequest:
     ],
 )
 def test_tool_fields_that_cannot_work_are_400(fields: dict[str, Any], param: str) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         plan_tools(request(**fields), parser_of(json_tools))
     assert caught.value.status == 400 and caught.value.body.param == param
 
@@ -120,7 +120,7 @@ def test_tool_choice_plans() -> None:
                 tool_choice={"type": "function", "function": {"name": "multiply"}}), tok)
     assert named.open_call and [t["function"]["name"] for t in named.tools or []] == ["multiply"]
     no_tools = SimpleNamespace(has_tool_calling=False)
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         plan_tools(request(tools=[WEATHER]), no_tools)
     assert caught.value.body.param == "tools"
 
