@@ -7,8 +7,9 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from litestar import Request
 
@@ -27,6 +28,8 @@ from serving.engine.requests import (
     TokenLogprob,
 )
 from serving.engine.step_plan import SamplingParams
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,14 @@ class Admitted:
     engine: Engine
     sink: EventSink
     prompt_tokens: int
+    _held: list[RequestEvent] = field(default_factory=list)  # taken by started()
 
     async def events(self) -> AsyncIterator[RequestEvent]:
         """Yield until Finished/Failed; a cancelled consumer cancels the request."""
         finished = False
         try:
             while True:
-                event = await self.sink.queue.get()
+                event = self._held.pop() if self._held else await self.sink.queue.get()
                 yield event
                 if isinstance(event, Finished | Failed):
                     finished = True
@@ -64,19 +68,20 @@ class Admitted:
 
     async def collect(self, request: Request) -> Collected:
         """Await the whole completion; a client that disconnects cancels it."""
-        consumer = asyncio.ensure_future(self._gather())
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        return await _unless_gone(request, self._gather())
+
+    async def started(self, request: Request) -> None:
+        """Wait for the first event, which events() then yields first. A failure before it
+        is raised: the answer is then an error status (which the gateway resends on a 503),
+        not a stream that opens with an error. A client that leaves cancels the request."""
         try:
-            done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if consumer in done:
-                return consumer.result()
-            raise ApiError(499, "client disconnected")
-        finally:
-            for task in (consumer, watcher):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            event = await _unless_gone(request, self.sink.queue.get())
+        except ApiError:
+            self.engine.cancel(self.request_id)
+            raise
+        if isinstance(event, Failed):
+            raise failure_error(event)
+        self._held.append(event)
 
     async def _gather(self) -> Collected:
         parts: list[str] = []
@@ -90,6 +95,23 @@ class Admitted:
             else:
                 return Collected("".join(parts), logprobs, event)
         raise ApiError(500, "generation ended without a result")
+
+
+async def _unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """`work`'s result; a client that disconnects first cancels it (a 499)."""
+    consumer = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer in done:
+            return consumer.result()
+        raise ApiError(499, "client disconnected")
+    finally:
+        for task in (consumer, watcher):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 async def _wait_disconnect(request: Request) -> None:

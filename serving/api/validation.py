@@ -13,7 +13,7 @@ from contract.openai_schemas import ChatCompletionRequest, ChatMessage, Sampling
 from contract.settings import RankSettings
 from serving.api.errors import invalid, model_not_found
 
-T = TypeVar("T", bound=SamplingFields)
+T = TypeVar("T")
 ROLES = ("system", "user", "assistant", "developer", "tool")
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
@@ -29,7 +29,7 @@ MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 
 
 def decode_body(raw: bytes, kind: type[T]) -> T:
-    """Parse JSON into `kind`; malformed JSON and wrong types are 400s."""
+    """Parse JSON into `kind` (a request Struct); malformed JSON and wrong types are 400s."""
     try:
         return msgspec.json.decode(raw, type=kind)
     except UnicodeDecodeError as exc:  # msgspec decodes strings lazily, raising this
