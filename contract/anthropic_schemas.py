@@ -28,6 +28,7 @@ class TextBlock(
 ):
     text: str
     cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None  # sent back as received; none made here
 
 
 class ToolUseBlock(
@@ -84,6 +85,7 @@ class PromptFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: list[InputMessage]
     system: str | list[TextBlock] | None = None
+    cache_control: CacheControl | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None

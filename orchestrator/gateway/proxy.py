@@ -32,6 +32,7 @@ _HOP_HEADERS = {
     "connection",
     "transfer-encoding",
     "authorization",
+    "x-api-key",  # the gateway's key, as Anthropic's clients send it
     "keep-alive",
     "accept-encoding",
 }
