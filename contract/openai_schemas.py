@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 
 class StreamOptions(msgspec.Struct):
@@ -91,6 +92,9 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_logprobs: int | None = None  # chat only
     # Accepted only as {"type": "text"} (validation.py).
     response_format: dict[str, Any] | None = None
+    # llama.cpp server's name: true adds `timings` to the answer (its final chunk when
+    # streamed). Off by default, so an answer is OpenAI's shape only.
+    timings_per_token: bool | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
@@ -112,6 +116,19 @@ class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class Timings(msgspec.Struct):
+    """How long the prompt and the generation took, in llama.cpp server's shape."""
+
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
 
 
 class AssistantMessage(msgspec.Struct, omit_defaults=True):
@@ -151,6 +168,7 @@ class ChatCompletion(msgspec.Struct):
     choices: list[ChatChoice]
     usage: Usage
     object: str = "chat.completion"
+    timings: Timings | UnsetType = UNSET  # absent unless asked for (timings_per_token)
 
 
 class FunctionCallDelta(msgspec.Struct):
@@ -187,6 +205,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     object: str = "chat.completion.chunk"
+    timings: Timings | UnsetType = UNSET
 
 
 class CompletionLogprobs(msgspec.Struct):
@@ -210,6 +229,7 @@ class Completion(msgspec.Struct):
     choices: list[TextChoice]
     usage: Usage | None = None
     object: str = "text_completion"
+    timings: Timings | UnsetType = UNSET
 
 
 class ModelCard(msgspec.Struct):

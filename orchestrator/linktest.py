@@ -15,12 +15,12 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 from rich.table import Table
 
 from contract.agent_protocol import Event, Exited, Log
+from contract.linktest import BandwidthRow, Latency, LinktestResult, parse_result_line
 from orchestrator.config import ClusterSpec
 from orchestrator.config.links import hops
 from orchestrator.console import report_console
@@ -30,7 +30,6 @@ from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.state_file import orchestrator_alive, read_state, state_path
 from orchestrator.transports.pool import NodePool
 
-RESULT_PREFIX = "LINKTEST_RESULT "  # serving/linktest.py prints it
 EXIT_OK, EXIT_FAILED, EXIT_NOT_RUN = 0, 1, 2
 
 
@@ -38,14 +37,15 @@ EXIT_OK, EXIT_FAILED, EXIT_NOT_RUN = 0, 1, 2
 class Run:
     """What the agents report while the test runs."""
 
-    result: dict[str, Any] | None = None
+    result: LinktestResult | None = None
     exits: dict[int, Exited] = field(default_factory=dict)
     stderr: list[str] = field(default_factory=list)
     gang: Gang | None = None
 
     def on_event(self, node: str, event: Event) -> None:
-        if isinstance(event, Log) and event.line.startswith(RESULT_PREFIX):
-            self.result = json.loads(event.line.removeprefix(RESULT_PREFIX))
+        result = parse_result_line(event.line) if isinstance(event, Log) else None
+        if result is not None:
+            self.result = result
         elif isinstance(event, Log) and event.stream == "stderr":
             self.stderr.append(f"[{node} r{event.rank}] {event.line}")
         elif isinstance(event, Exited) and self.gang and self.gang.note_exit(event):
@@ -88,7 +88,7 @@ async def _linktest(spec: ClusterSpec, min_gbps: float, as_json: bool, timeout_s
         return EXIT_FAILED
     report = LinkReport(spec, run.result, min_gbps)
     if as_json:
-        print(json.dumps(report.summary(), indent=2))
+        print(json.dumps(msgspec.to_builtins(report.summary()), indent=2))
     else:
         report.print()
     return EXIT_OK if report.passed else EXIT_FAILED
@@ -116,48 +116,77 @@ async def _run_ranks(spec: ClusterSpec, pool: NodePool, run: Run, timeout_s: flo
     await gang.stop(2.0)
 
 
+class NamedLink(msgspec.Struct, kw_only=True):
+    """One link's figures, named by node and address, judged against --min-gbps."""
+
+    src: int
+    dst: int
+    bytes: int
+    seconds: float
+    gbs: float
+    from_: str = msgspec.field(name="from")
+    to: str
+    address: str
+    gbits: float
+    ok: bool
+
+
+class LinkSummary(msgspec.Struct):
+    """`linktest --json`: the result, its links named and judged, and the verdict."""
+
+    ranks: int
+    correct: bool
+    latency: Latency
+    bandwidth: list[BandwidthRow]
+    links: list[NamedLink]
+    min_gbps: float
+    passed: bool
+
+
 class LinkReport:
     """The figures of one run, named by node and address, judged against --min-gbps."""
 
-    def __init__(self, spec: ClusterSpec, result: dict[str, Any], min_gbps: float) -> None:
+    def __init__(self, spec: ClusterSpec, result: LinktestResult, min_gbps: float) -> None:
         self.spec, self.result, self.min_gbps = spec, result, min_gbps
         names = [node.name for node in spec.nodes]
         addresses = {h.dst: f"{h.address.ip}:{h.port}" for h in hops(spec)}
         self.links = [
-            {
-                **link,
-                "from": names[link["src"]],
-                "to": names[link["dst"]],
-                "address": addresses.get(link["dst"], ""),
-                "gbits": link["gbs"] * 8,
-                "ok": link["gbs"] * 8 >= min_gbps,
-            }
-            for link in result["links"]
+            NamedLink(
+                **msgspec.structs.asdict(link),
+                from_=names[link.src],
+                to=names[link.dst],
+                address=addresses.get(link.dst, ""),
+                gbits=link.gbs * 8,
+                ok=link.gbs * 8 >= min_gbps,
+            )
+            for link in result.links
         ]
 
     @property
     def passed(self) -> bool:
-        return bool(self.result["correct"]) and all(link["ok"] for link in self.links)
+        return self.result.correct and all(link.ok for link in self.links)
 
-    def summary(self) -> dict[str, Any]:
-        return {**self.result, "links": self.links, "min_gbps": self.min_gbps,
-                "passed": self.passed}
+    def summary(self) -> LinkSummary:
+        r = self.result
+        return LinkSummary(
+            r.ranks, r.correct, r.latency, r.bandwidth, self.links, self.min_gbps, self.passed
+        )
 
     def print(self) -> None:
         console = report_console()
-        latency = self.result["latency"]
+        latency = self.result.latency
         console.print(
-            f"{self.spec.cluster.name}: {self.result['ranks']} ranks, "
+            f"{self.spec.cluster.name}: {self.result.ranks} ranks, "
             f"{self.spec.cluster.backend} backend; all_sum "
-            + ("[green]correct[/]" if self.result["correct"] else "[red]WRONG[/]")
-            + f"; latency p50 {latency['p50_us']:.0f} µs, p99 {latency['p99_us']:.0f} µs"
+            + ("[green]correct[/]" if self.result.correct else "[red]WRONG[/]")
+            + f"; latency p50 {latency.p50_us:.0f} µs, p99 {latency.p99_us:.0f} µs"
         )
         sweep = Table(title="all_sum bandwidth", title_justify="left")
         for column in ("size", "time", "algbw GB/s", "busbw GB/s"):
             sweep.add_column(column, justify="right")
-        for row in self.result["bandwidth"]:
-            sweep.add_row(_size(row["bytes"]), f"{row['seconds'] * 1e3:.2f} ms",
-                          f"{row['algbw_gbs']:.3f}", f"{row['busbw_gbs']:.3f}")
+        for row in self.result.bandwidth:
+            sweep.add_row(_size(row.bytes), f"{row.seconds * 1e3:.2f} ms",
+                          f"{row.algbw_gbs:.3f}", f"{row.busbw_gbs:.3f}")
         console.print(sweep)
         if self.links:
             console.print(self._links_table())
@@ -167,9 +196,9 @@ class LinkReport:
         for column in ("from", "to", "address", "GB/s", "Gbit/s", ""):
             table.add_column(column)
         for link in self.links:
-            verdict = "ok" if link["ok"] else f"[red]below {self.min_gbps:g} Gbit/s[/]"
-            table.add_row(link["from"], link["to"], link["address"], f"{link['gbs']:.3f}",
-                          f"{link['gbits']:.2f}", verdict)
+            verdict = "ok" if link.ok else f"[red]below {self.min_gbps:g} Gbit/s[/]"
+            table.add_row(link.from_, link.to, link.address, f"{link.gbs:.3f}",
+                          f"{link.gbits:.2f}", verdict)
         return table
 
 

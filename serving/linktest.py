@@ -8,14 +8,14 @@ MLX_RANK + MLX_HOSTFILE; jaccl: its variables), so it tests exactly what the ran
 - bandwidth: all_sum over a sweep of sizes (4 KB to 64 MB), algorithm and bus GB/s;
 - per link (ring): rank i sends to rank i+1 alone while the others wait, GB/s per cable.
 
-Rank 0 prints one line `LINKTEST_RESULT <json>` on stdout; every rank exits 0, or 1 when
-the sums were wrong, or 3 when the whole test ran past --timeout-s (never a hang).
+Rank 0 prints one line `LINKTEST_RESULT <json>` on stdout (contract/linktest.py); every
+rank exits 0, or 1 when the sums were wrong, or 3 when the whole test ran past --timeout-s
+(never a hang).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,9 +27,9 @@ from functools import partial
 import mlx.core as mx
 import numpy as np
 
+from contract.linktest import BandwidthRow, Latency, LinkFigure, LinktestResult, result_line
 from serving.distributed import barrier, detect_env, init_group
 
-RESULT_PREFIX = "LINKTEST_RESULT "
 EXIT_WRONG_SUM = 1
 EXIT_TIMEOUT = 3
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
@@ -53,18 +53,18 @@ def correctness(group: mx.distributed.Group) -> bool:
     return bool(votes.item() == 0)
 
 
-def latency(group: mx.distributed.Group, rounds: int) -> dict[str, float]:
+def latency(group: mx.distributed.Group, rounds: int) -> Latency:
     one = mx.array([1.0])
     samples = sorted(
         _timed(partial(mx.distributed.all_sum, one, group=group)) for _ in range(rounds)
     )
-    return {
-        "p50_us": statistics.median(samples) * 1e6,
-        "p99_us": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1e6,
-    }
+    return Latency(
+        p50_us=statistics.median(samples) * 1e6,
+        p99_us=samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1e6,
+    )
 
 
-def bandwidth(group: mx.distributed.Group, sizes: list[int]) -> list[dict[str, float]]:
+def bandwidth(group: mx.distributed.Group, sizes: list[int]) -> list[BandwidthRow]:
     """all_sum of each size: best of a few rounds; bus GB/s as NCCL counts it."""
     n = group.size()
     rows = []
@@ -76,12 +76,11 @@ def bandwidth(group: mx.distributed.Group, sizes: list[int]) -> list[dict[str, f
             _timed(partial(mx.distributed.all_sum, data, group=group)) for _ in range(rounds)
         )
         algbw = nbytes / best / 1e9
-        rows.append({"bytes": nbytes, "seconds": best, "algbw_gbs": algbw,
-                     "busbw_gbs": algbw * 2 * (n - 1) / n})
+        rows.append(BandwidthRow(nbytes, best, algbw, algbw * 2 * (n - 1) / n))
     return rows
 
 
-def per_link(group: mx.distributed.Group, nbytes: int) -> list[dict[str, float]]:
+def per_link(group: mx.distributed.Group, nbytes: int) -> list[LinkFigure]:
     """Rank i sends nbytes to rank i+1 while the others wait; the receiver times it."""
     n, rank = group.size(), group.rank()
     data = mx.ones(nbytes // 4, dtype=mx.float32)
@@ -97,8 +96,7 @@ def per_link(group: mx.distributed.Group, nbytes: int) -> list[dict[str, float]]
     barrier(group)
     gathered = mx.distributed.all_sum(mx.array(seconds), group=group)
     return [
-        {"src": src, "dst": (src + 1) % n, "bytes": nbytes, "seconds": float(t),
-         "gbs": nbytes / float(t) / 1e9 if t > 0 else 0.0}
+        LinkFigure(src, (src + 1) % n, nbytes, float(t), nbytes / float(t) / 1e9 if t > 0 else 0.0)
         for src, t in enumerate(np.array(gathered).tolist())
     ]
 
@@ -107,15 +105,15 @@ def run(args: argparse.Namespace) -> int:
     group = init_group(detect_env())
     barrier(group)
     ok = correctness(group)
-    result = {
-        "ranks": group.size(),
-        "correct": ok,
-        "latency": latency(group, args.rounds),
-        "bandwidth": bandwidth(group, args.sizes),
-        "links": per_link(group, args.link_bytes) if group.size() > 1 else [],
-    }
+    result = LinktestResult(
+        ranks=group.size(),
+        correct=ok,
+        latency=latency(group, args.rounds),
+        bandwidth=bandwidth(group, args.sizes),
+        links=per_link(group, args.link_bytes) if group.size() > 1 else [],
+    )
     if group.rank() == 0:
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        print(result_line(result), flush=True)
     return 0 if ok else EXIT_WRONG_SUM
 
 

@@ -3,7 +3,8 @@
 `fuzz()` runs the schemathesis CLI in a child process with this module as its hooks
 (SCHEMATHESIS_HOOKS), which add two things to its built-in checks:
 
-- every 4xx/5xx body must be an OpenAI error object (`contract.openai_errors.ErrorEnvelope`);
+- every 4xx/5xx body must be an OpenAI error object (`contract.openai_errors.ErrorEnvelope`),
+  or on /v1/messages an Anthropic one (`contract.anthropic_schemas.AnthropicErrorEnvelope`);
 - half of the valid bodies are tamed (map_case) so that they reach rank 0's engine rather
   than all ending in a 400 or in a 404 for an unknown model (FUZZ_SERVED_MODEL).
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 import msgspec
 import schemathesis
 
+from contract.anthropic_schemas import MESSAGES_PATH, PROMPT_ROLES, AnthropicErrorEnvelope
 from contract.openai_errors import ErrorEnvelope
 from serving.api.validation import ROLES
 
@@ -31,20 +33,27 @@ EXCLUDED_CHECKS = ["positive_data_acceptance"]
 # Fields any value of whose documented type rank 0 takes (token ids in a prompt aside).
 TAMED_FIELDS = {"messages", "prompt", "stream", "stream_options", "stop", "seed", "user",
                 "metadata", "store"}
+TAMED_MESSAGES_FIELDS = {"messages", "system", "stream", "metadata"}
+TAMED_MAX_TOKENS = 8  # /v1/messages requires max_tokens: a quick one
 
 
 @schemathesis.check
 def openai_error_shape(
     ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
 ) -> bool | None:
-    """Every error is `{"error": {"message", "type", "param", "code"}}`."""
+    """Every error is `{"error": {"message", "type", "param", "code"}}`, or Anthropic's
+    `{"type": "error", "error": {"type", "message"}}` on /v1/messages."""
     if response.status_code < 400:
         return None
+    anthropic = case.path.startswith(MESSAGES_PATH)
     try:
-        msgspec.json.decode(response.content, type=ErrorEnvelope)
+        msgspec.json.decode(
+            response.content, type=AnthropicErrorEnvelope if anthropic else ErrorEnvelope
+        )
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise AssertionError(
-            f"a {response.status_code} not in OpenAI's error shape ({exc}): "
+            f"a {response.status_code} not in {'Anthropic' if anthropic else 'OpenAI'}'s "
+            f"error shape ({exc}): "
             f"{response.content[:300]!r}"
         ) from None
     return True
@@ -60,12 +69,20 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
         return case
     if not isinstance(body, dict) or len(json.dumps(body)) % 2:
         return case
-    tamed = {k: v for k, v in body.items() if k in TAMED_FIELDS}
+    anthropic = case.path.startswith(MESSAGES_PATH)
+    tamed = {
+        k: v for k, v in body.items()
+        if k in (TAMED_MESSAGES_FIELDS if anthropic else TAMED_FIELDS)
+    }
     messages = tamed.get("messages")
     for message in messages if isinstance(messages, list) else []:
-        if isinstance(message, dict) and message.get("role") not in ROLES:
+        if isinstance(message, dict) and message.get("role") not in (
+            PROMPT_ROLES if anthropic else ROLES
+        ):
             message["role"] = "user"
     case.body = {**tamed, "model": served}
+    if case.path == MESSAGES_PATH:
+        case.body["max_tokens"] = TAMED_MAX_TOKENS
     return case
 
 

@@ -1,4 +1,5 @@
-"""The cluster's one endpoint: `/v1/*` proxied to rank 0, plus `/health`, `/status`, `/metrics`."""
+"""The cluster's one endpoint: `/v1/*` proxied to rank 0 (OpenAI's API and Anthropic's
+Messages), plus `/health`, `/status`, `/metrics`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ from litestar.handlers import BaseRouteHandler
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from contract.anthropic_schemas import (
+    MESSAGES_PATH,
+    CountTokensRequest,
+    Message,
+    MessagesRequest,
+    StreamEvent,
+    TokenCount,
+)
+from contract.openai_errors import ApiError
 from contract.openai_schemas import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -29,14 +39,21 @@ from contract.openai_schemas import (
     ModelList,
 )
 from orchestrator.gateway.errors import (
-    ApiError,
     ClientGone,
     api_error_handler,
     http_exception_handler,
     unauthorized,
     unexpected_error_handler,
 )
-from orchestrator.gateway.openapi import BEARER, error_responses, openapi_config, streamed
+from orchestrator.gateway.openapi import (
+    API_KEY_HEADER,
+    BEARER,
+    X_API_KEY,
+    documented,
+    error_responses,
+    openapi_config,
+    streamed,
+)
 from orchestrator.gateway.proxy import TRANSPORT_ERRORS, Proxy, ProxyResult
 from orchestrator.gateway.view import ClusterView
 from orchestrator.status.model import ClusterStatus
@@ -73,7 +90,11 @@ async def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> No
     header = connection.headers.get("authorization", "")
     scheme, _space, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given:
-        raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        given = connection.headers.get(API_KEY_HEADER, "")  # Anthropic's clients send this
+    if not given:
+        raise unauthorized(
+            f"missing API key: send 'Authorization: Bearer <key>' or '{API_KEY_HEADER}: <key>'"
+        )
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise unauthorized("incorrect API key")
 
@@ -116,6 +137,42 @@ async def completions(
     return await _forward(request, state, "/v1/completions")
 
 
+MessagesBody, MessagesOperation = streamed(MessagesRequest, StreamEvent, anthropic=True)
+
+
+@post(
+    "/messages",
+    operation_id="createMessage",
+    summary="Create a message (Anthropic's Messages API)",
+    operation_class=MessagesOperation,
+    dto=MessagesBody,
+    return_dto=None,
+    status_code=200,
+    responses=error_responses(400, 401, 404, 413, 429, 503, 504, anthropic=True),
+)
+async def messages(
+    request: Request, state: State, data: JSONBody[MessagesRequest | None] = None
+) -> Response[Message]:
+    """A message, whole or as Anthropic's event stream; forwarded to rank 0 as sent."""
+    return await _forward(request, state, MESSAGES_PATH)
+
+
+@post(
+    "/messages/count_tokens",
+    operation_id="countMessageTokens",
+    summary="Count a message's input tokens (Anthropic's Messages API)",
+    dto=documented(CountTokensRequest),
+    return_dto=None,
+    status_code=200,
+    responses=error_responses(400, 401, 404, 413, 503, anthropic=True),
+)
+async def count_tokens(
+    request: Request, state: State, data: JSONBody[CountTokensRequest | None] = None
+) -> Response[TokenCount]:
+    """The prompt's tokens as rank 0's chat template renders it, tools included."""
+    return await _forward(request, state, f"{MESSAGES_PATH}/count_tokens")
+
+
 @get("/models", operation_id="listModels", summary="List models",
      responses=error_responses(400, 401, 503))
 async def models(request: Request, state: State) -> Response[ModelList]:
@@ -128,9 +185,9 @@ def v1_router(api_key: bool) -> Router:
     and the OpenAPI document describes it; unknown /v1 paths are 404 here."""
     return Router(
         "/v1",
-        route_handlers=[chat_completions, completions, models],
+        route_handlers=[chat_completions, completions, messages, count_tokens, models],
         guards=[require_api_key],
-        security=[{BEARER: []}] if api_key else None,
+        security=[{BEARER: []}, {X_API_KEY: []}] if api_key else None,
         request_max_body_size=MAX_BODY_BYTES,
     )
 
@@ -159,13 +216,13 @@ def _check_utf8(body: bytes, headers: dict[str, str]) -> None:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"the request body is not UTF-8: {exc.reason} at byte {exc.start}",
-                       type="invalid_request_error", code="invalid_encoding") from None
+                       code="invalid_encoding") from None
     for name, value in headers.items():
         try:  # ASGI hands header values over as latin-1
             value.encode("latin-1").decode("utf-8")
         except UnicodeError:
             raise ApiError(400, f"the value of header {name!r} is not UTF-8",
-                           type="invalid_request_error", code="invalid_encoding") from None
+                           code="invalid_encoding") from None
 
 
 async def _unless_client_leaves(request: Request, forward: Awaitable[ProxyResult]) -> ProxyResult:

@@ -1,7 +1,7 @@
 """Forwards `/v1/*` to rank 0, holding requests through restarts.
 
 A request that has not sent a byte to its client yet is resent to the next gang; a stream
-cut mid-way ends with an SSE error event in OpenAI's shape, never a hang.
+cut mid-way ends with an SSE error event in its API's shape, never a hang.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from collections.abc import AsyncIterator
 import aiohttp
 import msgspec
 
+from contract.anthropic_schemas import MESSAGES_PATH, anthropic_error, anthropic_event
 from contract.openai_errors import (
     DONE_EVENT,
     GANG_FAILURE_CODES,
-    ErrorBody,
+    ApiError,
     error_code_of_event,
     sse_error_event,
 )
-from orchestrator.gateway.errors import ApiError, unavailable
+from orchestrator.gateway.errors import unavailable
 from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState
@@ -31,6 +32,7 @@ _HOP_HEADERS = {
     "connection",
     "transfer-encoding",
     "authorization",
+    "x-api-key",  # the gateway's key, as Anthropic's clients send it
     "keep-alive",
     "accept-encoding",
 }
@@ -41,11 +43,17 @@ class StreamFlag(msgspec.Struct):
 
 
 # The last event of a stream whose gang failed after its first token.
-_STREAM_CUT = ErrorBody(
-    "the cluster lost a rank while generating this response; retry the request",
-    "server_error",
+_STREAM_CUT = ApiError(
+    502, "the cluster lost a rank while generating this response; retry the request",
     code="stream_interrupted",
 )
+
+
+def stream_cut_event(path: str) -> bytes:
+    """That event in the stream's own format: Anthropic's on /v1/messages, else OpenAI's."""
+    if path.startswith(MESSAGES_PATH):
+        return anthropic_event(anthropic_error(_STREAM_CUT))
+    return sse_error_event(_STREAM_CUT.body) + DONE_EVENT
 
 
 # aiohttp's connection errors, and its timeouts (connect) which are asyncio's.
@@ -144,10 +152,11 @@ class Proxy:
         if error_code_of_event(first) in GANG_FAILURE_CODES:
             response.close()
             raise UpstreamLost("rank 0's engine failed before the stream's first token")
-        return ProxyResult(response.status, result_headers, first, self._rest(response, chunks))
+        rest = self._rest(response, chunks, stream_cut_event(path))
+        return ProxyResult(response.status, result_headers, first, rest)
 
     async def _rest(
-        self, response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes]
+        self, response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes], cut: bytes
     ) -> AsyncIterator[bytes]:
         whole = False
         try:
@@ -156,7 +165,7 @@ class Proxy:
             whole = True
         except TRANSPORT_ERRORS:
             self.metrics.requests_failed.labels(reason="stream_cut").inc()
-            yield sse_error_event(_STREAM_CUT) + DONE_EVENT
+            yield cut
         finally:
             # Read to the end: the connection goes back to the pool. Else (the client left,
             # the stream broke) it is closed: rank 0 sees that and frees the batch slot.

@@ -1,4 +1,4 @@
-"""create_app(): rank 0's internal OpenAI API."""
+"""create_app(): rank 0's internal API (OpenAI's, and Anthropic's Messages)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from litestar.datastructures import State
 from serving.api.chat import ChatController
 from serving.api.completions import CompletionsController
 from serving.api.errors import EXCEPTION_HANDLERS
+from serving.api.messages import MessagesController
 from serving.api.state import ServingState
 from serving.api.system import HealthController, MetricsController, ModelsController
 
@@ -15,7 +16,7 @@ from serving.api.system import HealthController, MetricsController, ModelsContro
 def create_app(serving: ServingState) -> Litestar:
     return Litestar(
         route_handlers=[
-            ChatController, CompletionsController, ModelsController,
+            ChatController, CompletionsController, MessagesController, ModelsController,
             HealthController, MetricsController,
         ],
         state=State({"serving": serving}),

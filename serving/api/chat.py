@@ -23,21 +23,15 @@ from contract.openai_schemas import (
     ToolCallDelta,
     Usage,
 )
+from serving.api.admission import admit_openai
 from serving.api.errors import invalid
-from serving.api.generation import Collected, admit, ready
+from serving.api.generation import Collected
 from serving.api.logprobs import chat_logprobs as logprobs_body
 from serving.api.sse import stream_events, usage_of
 from serving.api.state import ServingState
+from serving.api.timings import timings_of
 from serving.api.tool_calls import ToolCallStream, ToolPlan, plan_tools
-from serving.api.validation import (
-    chat_logprobs,
-    chat_messages,
-    check_model,
-    check_sampling,
-    decode_body,
-    effective_max_tokens,
-    stop_list,
-)
+from serving.api.validation import chat_messages
 from serving.engine.requests import Finished, TextDelta, TokenLogprob
 
 
@@ -52,6 +46,17 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: ToolPla
     if tools.open_call:
         prompt += tokenizer.encode(tokenizer.tool_call_start, add_special_tokens=False)
     return list(prompt)
+
+
+@dataclass
+class ChatPrompt:
+    """Renders a chat request's prompt, keeping the tool plan the answer is parsed with."""
+
+    tools: ToolPlan = field(default_factory=lambda: ToolPlan(None))
+
+    def __call__(self, req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
+        self.tools = plan_tools(req, tokenizer)
+        return render_prompt(tokenizer, chat_messages(req), self.tools)
 
 
 def finish_reason(done: Finished, calls: list[ToolCall]) -> str:
@@ -127,29 +132,26 @@ class ChatController(Controller):
     @post("/", status_code=200)
     async def create(self, request: Request, state: State) -> Response[ChatCompletion] | Stream:
         serving: ServingState = state.serving
-        req = decode_body(await request.body(), ChatCompletionRequest)
-        check_model(req, serving.model_id)
-        requested = req.max_completion_tokens or req.max_tokens
-        check_sampling(req, requested, serving.settings.serving.max_tokens_limit)
-        top = chat_logprobs(req)
-        messages = chat_messages(req)
-        _, model = ready(serving)
-        tools = plan_tools(req, model.tokenizer)
-        prompt = render_prompt(model.tokenizer, messages, tools)
-        max_tokens = effective_max_tokens(requested, serving.settings)
-        admitted = admit(serving, req, prompt, max_tokens, stop_list(req), top)
+        prompt = ChatPrompt()
+        got = await admit_openai(request, serving, ChatCompletionRequest, prompt)
+        req, admitted, tokenizer = got.req, got.admitted, got.model.tokenizer
         answer = ChatAnswer(
             f"chatcmpl-{admitted.request_id}", admitted.created, serving.model_id,
-            model.tokenizer, top, ToolCallStream(model.tokenizer, tools),
+            tokenizer, got.top, ToolCallStream(tokenizer, prompt.tools),
         )
         if not req.stream:
-            return Response(answer.whole(await admitted.collect(request)))
+            whole = await admitted.collect(request)
+            body = answer.whole(whole)
+            if req.timings_per_token:
+                body.timings = timings_of(whole.finished)
+            return Response(body)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = stream_events(
+        events = stream_events(
             admitted,
             first=answer.first,
             delta=answer.delta,
             final=answer.final,
             usage=answer.usage if include_usage else None,
+            timed=bool(req.timings_per_token),
         )
-        return Stream(body, media_type="text/event-stream")
+        return Stream(events, media_type="text/event-stream")

@@ -7,19 +7,12 @@ from litestar.datastructures import State
 from litestar.response import Stream
 
 from contract.openai_schemas import Completion, CompletionRequest, TextChoice, Usage
+from serving.api.admission import admit_openai
 from serving.api.errors import invalid
-from serving.api.generation import admit, ready
 from serving.api.logprobs import completion_logprobs as logprobs_body
 from serving.api.sse import stream_events, usage_of
 from serving.api.state import ServingState
-from serving.api.validation import (
-    check_model,
-    check_sampling,
-    completion_logprobs,
-    decode_body,
-    effective_max_tokens,
-    stop_list,
-)
+from serving.api.timings import timings_of
 from serving.engine.requests import Finished, TextDelta
 
 
@@ -41,14 +34,8 @@ class CompletionsController(Controller):
     @post("/", status_code=200)
     async def create(self, request: Request, state: State) -> Response[Completion] | Stream:
         serving: ServingState = state.serving
-        req = decode_body(await request.body(), CompletionRequest)
-        check_model(req, serving.model_id)
-        check_sampling(req, req.max_tokens, serving.settings.serving.max_tokens_limit)
-        top = completion_logprobs(req)
-        _, model = ready(serving)
-        prompt = prompt_tokens(req, model.tokenizer)
-        max_tokens = effective_max_tokens(req.max_tokens, serving.settings)
-        admitted = admit(serving, req, prompt, max_tokens, stop_list(req), top)
+        got = await admit_openai(request, serving, CompletionRequest, prompt_tokens)
+        req, admitted, model, top = got.req, got.admitted, got.model, got.top
         rid, created, model_id = f"cmpl-{admitted.request_id}", admitted.created, serving.model_id
         sent = 0  # characters streamed so far: the text offset of the next tokens
 
@@ -74,9 +61,13 @@ class CompletionsController(Controller):
                 delta=chunk,
                 final=final,
                 usage=usage_chunk if include_usage else None,
+                timed=bool(req.timings_per_token),
             )
             return Stream(body, media_type="text/event-stream")
-        got = await admitted.collect(request)
-        lp = None if top is None else logprobs_body(got.logprobs, model.tokenizer, top)
-        choice = TextChoice(0, got.text, got.finished.finish_reason, lp)
-        return Response(Completion(rid, created, model_id, [choice], usage_of(got.finished)))
+        whole = await admitted.collect(request)
+        lp = None if top is None else logprobs_body(whole.logprobs, model.tokenizer, top)
+        choice = TextChoice(0, whole.text, whole.finished.finish_reason, lp)
+        answer = Completion(rid, created, model_id, [choice], usage_of(whole.finished))
+        if req.timings_per_token:
+            answer.timings = timings_of(whole.finished)
+        return Response(answer)

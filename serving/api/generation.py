@@ -7,16 +7,16 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from litestar import Request
 
-from contract.openai_errors import ENGINE_ERROR, SHUTDOWN, TIMEOUT
-from contract.openai_schemas import ChatCompletionRequest, SamplingFields
-from serving.api.errors import OpenAIError, invalid, queue_full, unavailable
+from contract.openai_errors import ENGINE_ERROR, SHUTDOWN, TIMEOUT, ApiError
+from serving.api.errors import invalid, queue_full, unavailable
 from serving.api.state import ServedModel, ServingState
-from serving.api.validation import check_context, logit_bias_pairs
+from serving.api.validation import check_context
 from serving.engine.engine import Engine, EngineStopping, QueueFull
 from serving.engine.requests import (
     EventSink,
@@ -28,6 +28,8 @@ from serving.engine.requests import (
     TokenLogprob,
 )
 from serving.engine.step_plan import SamplingParams
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -47,13 +49,15 @@ class Admitted:
     created: int
     engine: Engine
     sink: EventSink
+    prompt_tokens: int
+    _held: list[RequestEvent] = field(default_factory=list)  # taken by started()
 
     async def events(self) -> AsyncIterator[RequestEvent]:
         """Yield until Finished/Failed; a cancelled consumer cancels the request."""
         finished = False
         try:
             while True:
-                event = await self.sink.queue.get()
+                event = self._held.pop() if self._held else await self.sink.queue.get()
                 yield event
                 if isinstance(event, Finished | Failed):
                     finished = True
@@ -64,19 +68,20 @@ class Admitted:
 
     async def collect(self, request: Request) -> Collected:
         """Await the whole completion; a client that disconnects cancels it."""
-        consumer = asyncio.ensure_future(self._gather())
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        return await _unless_gone(request, self._gather())
+
+    async def started(self, request: Request) -> None:
+        """Wait for the first event, which events() then yields first. A failure before it
+        is raised: the answer is then an error status (which the gateway resends on a 503),
+        not a stream that opens with an error. A client that leaves cancels the request."""
         try:
-            done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if consumer in done:
-                return consumer.result()
-            raise OpenAIError(499, "client disconnected", type="api_error", code="client_closed")
-        finally:
-            for task in (consumer, watcher):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            event = await _unless_gone(request, self.sink.queue.get())
+        except ApiError:
+            self.engine.cancel(self.request_id)
+            raise
+        if isinstance(event, Failed):
+            raise failure_error(event)
+        self._held.append(event)
 
     async def _gather(self) -> Collected:
         parts: list[str] = []
@@ -89,7 +94,24 @@ class Admitted:
                 raise failure_error(event)
             else:
                 return Collected("".join(parts), logprobs, event)
-        raise OpenAIError(500, "generation ended without a result", type="api_error")
+        raise ApiError(500, "generation ended without a result")
+
+
+async def _unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """`work`'s result; a client that disconnects first cancels it (a 499)."""
+    consumer = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer in done:
+            return consumer.result()
+        raise ApiError(499, "client disconnected")
+    finally:
+        for task in (consumer, watcher):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -97,11 +119,10 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-def failure_error(event: Failed) -> OpenAIError:
+def failure_error(event: Failed) -> ApiError:
     # A failed engine means the gang is going away: 503 tells the gateway to resend elsewhere.
     status = {TIMEOUT: 504, SHUTDOWN: 503, ENGINE_ERROR: 503}.get(event.code, 500)
-    err_type = "timeout" if event.code == TIMEOUT else "api_error"
-    return OpenAIError(status, event.message, type=err_type, code=event.code)
+    return ApiError(status, event.message, code=event.code)
 
 
 def ready(state: ServingState) -> tuple[Engine, ServedModel]:
@@ -112,33 +133,20 @@ def ready(state: ServingState) -> tuple[Engine, ServedModel]:
 
 def admit(
     state: ServingState,
-    fields: SamplingFields,
     prompt: list[int],
-    max_tokens: int,
+    params: SamplingParams,
     stop: list[str],
     top_logprobs: int | None = None,
+    param: str = "messages",
 ) -> Admitted:
-    """Check the context budget and hand the request to the engine."""
+    """Check the prompt against the model (`param`: the field it came from) and hand the
+    request to the engine."""
     engine, model = ready(state)
     if not prompt:
         raise invalid("The prompt must not be empty", "prompt")
     if min(prompt) < 0 or max(prompt) >= model.vocab_size:
         raise invalid(f"Token ids must be in [0, {model.vocab_size})", "prompt")
-    param = "messages" if isinstance(fields, ChatCompletionRequest) else "prompt"
-    check_context(len(prompt), max_tokens, model.context_length, param)
-    params = SamplingParams(
-        temperature=1.0 if fields.temperature is None else fields.temperature,
-        top_p=1.0 if fields.top_p is None else fields.top_p,
-        top_k=fields.top_k or 0,
-        max_tokens=max_tokens,
-        seed=random.getrandbits(62) if fields.seed is None else fields.seed % (1 << 62),
-        min_p=fields.min_p or 0.0,
-        repetition_penalty=fields.repetition_penalty or 1.0,
-        presence_penalty=fields.presence_penalty or 0.0,
-        frequency_penalty=fields.frequency_penalty or 0.0,
-        logit_bias=logit_bias_pairs(fields.logit_bias, model.vocab_size),
-        forced=model.forced_output,
-    )
+    check_context(len(prompt), params.max_tokens, model.context_length, param)
     sink = EventSink(asyncio.get_running_loop())
     request_id = uuid.uuid4().hex
     request = GenerationRequest(
@@ -152,4 +160,8 @@ def admit(
         raise queue_full(f"Too many requests waiting: {exc}") from exc
     except EngineStopping as exc:
         raise unavailable(str(exc)) from exc
-    return Admitted(request_id, int(time.time()), engine, sink)
+    return Admitted(request_id, int(time.time()), engine, sink, len(prompt))
+
+
+def random_seed() -> int:
+    return random.getrandbits(62)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
 
 from contract.openai_errors import DONE_EVENT, sse_error_event
 from contract.openai_errors import sse_event as sse
 from contract.openai_schemas import Usage
 from serving.api.generation import Admitted, failure_error
+from serving.api.timings import timings_of
 from serving.engine.requests import Failed, Finished, TextDelta
 
 
@@ -20,16 +24,18 @@ async def stream_events(
     admitted: Admitted,
     *,
     first: Callable[[], object] | None,
-    delta: Callable[[TextDelta], list[object]],
-    final: Callable[[Finished], list[object]],
-    usage: Callable[[Usage], object] | None,
+    delta: Callable[[TextDelta], list[Any]],
+    final: Callable[[Finished], list[Any]],
+    usage: Callable[[Usage], Any] | None,
+    timed: bool = False,
 ) -> AsyncIterator[bytes]:
     """Format the engine's events as SSE chunks, ending with `data: [DONE]`.
 
     A failure mid-stream (timeout, shutdown) is sent as an error event so the client
     sees why the stream ended. The opening chunk waits for the first generated event: a
     stream whose engine failed before any token starts with the error, which tells the
-    orchestrator's gateway that it may resend the request to the next gang.
+    orchestrator's gateway that it may resend the request to the next gang. `timed` puts
+    the `timings` on the last chunk (the usage chunk when asked for).
     """
     async for event in admitted.events():
         if first is not None and not isinstance(event, Failed):
@@ -39,10 +45,13 @@ async def stream_events(
             for chunk in delta(event):
                 yield sse(chunk)
         elif isinstance(event, Finished):
-            for chunk in final(event):
-                yield sse(chunk)
+            chunks = final(event)
             if usage is not None:
-                yield sse(usage(usage_of(event)))
+                chunks.append(usage(usage_of(event)))
+            if timed:
+                chunks[-1] = msgspec.structs.replace(chunks[-1], timings=timings_of(event))
+            for chunk in chunks:
+                yield sse(chunk)
         elif isinstance(event, Failed):
             yield sse_error_event(failure_error(event).body)
     yield DONE_EVENT

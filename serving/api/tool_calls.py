@@ -41,13 +41,34 @@ def plan_tools(req: ChatCompletionRequest, tokenizer: Any) -> ToolPlan:
                       "tool_choice")
     if isinstance(choice, NamedToolChoice) and choice.type != "function":
         raise invalid("tool_choice.type must be 'function'", "tool_choice.type")
-    if not req.tools:
+    for i, tool in enumerate(req.tools or []):
+        if tool.type != "function":
+            raise invalid("Only function tools are supported", f"tools[{i}].type")
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    return make_plan(
+        [msgspec.to_builtins(t) for t in req.tools or []],
+        "required" if named or isinstance(choice, NamedToolChoice) else choice,
+        named,
+        req.parallel_tool_calls is not False,
+        tokenizer,
+        "tool_choice.function.name",
+    )
+
+
+def make_plan(
+    tools: list[dict[str, Any]],
+    choice: str | None,
+    named: str | None,
+    parallel: bool,
+    tokenizer: Any,
+    named_param: str,
+) -> ToolPlan:
+    """The plan of OpenAI-shaped function `tools` under `choice` ("none", "auto",
+    "required" or None for none given), narrowed to the function `named`."""
+    if not tools:
         if choice not in (None, "none"):
             raise invalid("tool_choice needs tools", "tool_choice")
         return ToolPlan(None)
-    for i, tool in enumerate(req.tools):
-        if tool.type != "function":
-            raise invalid("Only function tools are supported", f"tools[{i}].type")
     if choice == "none":
         return ToolPlan(None)
     if not getattr(tokenizer, "has_tool_calling", False):
@@ -56,17 +77,11 @@ def plan_tools(req: ChatCompletionRequest, tokenizer: Any) -> ToolPlan:
             "tools",
             "unsupported_parameter",
         )
-    tools = req.tools
-    if isinstance(choice, NamedToolChoice):
-        tools = [t for t in tools if t.function.name == choice.function.name]
+    if named is not None:
+        tools = [t for t in tools if t["function"]["name"] == named]
         if not tools:
-            raise invalid(f"tool_choice names {choice.function.name!r}, which is not in tools",
-                          "tool_choice.function.name")
-    return ToolPlan(
-        [msgspec.to_builtins(t) for t in tools],
-        open_call=choice == "required" or isinstance(choice, NamedToolChoice),
-        parallel=req.parallel_tool_calls is not False,
-    )
+            raise invalid(f"tool_choice names {named!r}, which is not in tools", named_param)
+    return ToolPlan(tools, open_call=choice == "required", parallel=parallel)
 
 
 @dataclass

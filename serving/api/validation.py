@@ -8,11 +8,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from contract.openai_errors import ApiError
 from contract.openai_schemas import ChatCompletionRequest, ChatMessage, SamplingFields, ToolCall
 from contract.settings import RankSettings
-from serving.api.errors import OpenAIError, invalid, model_not_found
+from serving.api.errors import invalid, model_not_found
 
-T = TypeVar("T", bound=SamplingFields)
+T = TypeVar("T")
 ROLES = ("system", "user", "assistant", "developer", "tool")
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
@@ -28,7 +29,7 @@ MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 
 
 def decode_body(raw: bytes, kind: type[T]) -> T:
-    """Parse JSON into `kind`; malformed JSON and wrong types are 400s."""
+    """Parse JSON into `kind` (a request Struct); malformed JSON and wrong types are 400s."""
     try:
         return msgspec.json.decode(raw, type=kind)
     except UnicodeDecodeError as exc:  # msgspec decodes strings lazily, raising this
@@ -47,6 +48,23 @@ def decode_body(raw: bytes, kind: type[T]) -> T:
         raise invalid(f"Invalid request: {exc}", match.group(1) if match else None) from exc
     except msgspec.DecodeError as exc:
         raise invalid(f"Malformed JSON body: {exc}", None, "invalid_json") from exc
+
+
+def check_request(req: SamplingFields, served: str, limit: int) -> int | None:
+    """Every field of a chat or text completion request checked; the top logprobs asked
+    for (None: no logprobs)."""
+    check_model(req, served)
+    check_sampling(req, requested_max_tokens(req), limit)
+    if isinstance(req, ChatCompletionRequest):
+        chat_messages(req)
+        return chat_logprobs(req)
+    return completion_logprobs(req)
+
+
+def requested_max_tokens(req: SamplingFields) -> int | None:
+    if isinstance(req, ChatCompletionRequest):
+        return req.max_completion_tokens or req.max_tokens
+    return req.max_tokens
 
 
 def check_model(req: SamplingFields, served: str) -> None:
@@ -197,7 +215,7 @@ def check_context(
     prompt_tokens: int, max_tokens: int, context_length: int, param: str = "messages"
 ) -> None:
     if prompt_tokens + max_tokens > context_length:
-        raise OpenAIError(
+        raise ApiError(
             400,
             f"This model's maximum context length is {context_length} tokens. However, you "
             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "

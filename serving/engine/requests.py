@@ -30,6 +30,11 @@ class Finished:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended it (Anthropic reports it)
+    # Seconds from joining the batch to the first token (prefill), and from there to the
+    # last (decode): the answers' `timings`. Not compared: they differ run to run.
+    prompt_s: float = field(default=0.0, compare=False)
+    generation_s: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)

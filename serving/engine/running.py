@@ -24,6 +24,8 @@ class RunningRequest:
         self._longest_stop = max((len(s) for s in request.stop), default=0)
         self._completion_tokens = 0
         self._last_token_at: float | None = None
+        self._joined_at = time.monotonic()  # prefill starts with the step that inserts it
+        self._first_token_at: float | None = None
         self._logprobs: list[TokenLogprob] = []  # of tokens whose text is not sent yet
 
     @property
@@ -55,6 +57,7 @@ class RunningRequest:
     def _observe_timing(self) -> None:
         now = time.monotonic()
         if self._last_token_at is None:
+            self._first_token_at = now
             self._metrics.time_to_first_token.observe(now - self.request.created)
         else:
             self._metrics.inter_token_latency.observe(now - self._last_token_at)
@@ -78,9 +81,15 @@ class RunningRequest:
     def _finish(self, reason: str, upto: int) -> None:
         self._flush(upto)
         self.done = True
-        usage = Finished(reason, len(self.request.prompt), self._completion_tokens)
+        now = time.monotonic()
+        first = self._first_token_at or now
+        stop = next((s for s in self.request.stop if self._text.startswith(s, upto)), None)
+        usage = Finished(
+            reason, len(self.request.prompt), self._completion_tokens,
+            stop if reason == "stop" else None, first - self._joined_at, now - first,
+        )
         self.request.sink.push(usage)
-        self._metrics.e2e_latency.observe(time.monotonic() - self.request.created)
+        self._metrics.e2e_latency.observe(now - self.request.created)
         self._metrics.requests_finished.labels(finish_reason=reason).inc()
 
 

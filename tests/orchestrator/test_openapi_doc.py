@@ -14,8 +14,11 @@ from tests.orchestrator.test_gateway_unit import FakeView, status
 OPERATIONS = {
     ("/v1/chat/completions", "post"): ("ChatCompletionRequest", "ChatCompletion"),
     ("/v1/completions", "post"): ("CompletionRequest", "Completion"),
+    ("/v1/messages", "post"): ("MessagesRequest", "Message"),
+    ("/v1/messages/count_tokens", "post"): ("CountTokensRequest", "TokenCount"),
     ("/v1/models", "get"): (None, "ModelList"),
 }
+ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}  # errors in Anthropic's shape
 
 
 async def document(api_key: str | None) -> dict[str, Any]:
@@ -36,8 +39,9 @@ def ref(content: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("api_key", ["k", None], ids=["key", "no-key"])
 async def test_the_document_covers_v1_with_bodies_and_openai_errors(api_key: str | None) -> None:
-    """Every /v1 operation, its request and response bodies, errors as ErrorEnvelope, the
-    bearer scheme when a key is set; nothing else of the gateway."""
+    """Every /v1 operation, its request and response bodies, errors as ErrorEnvelope (or
+    Anthropic's on /v1/messages), the bearer and x-api-key schemes when a key is set;
+    nothing else of the gateway."""
     doc = await document(api_key)
     assert doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {path for path, _ in OPERATIONS}
@@ -50,9 +54,21 @@ async def test_the_document_covers_v1_with_bodies_and_openai_errors(api_key: str
         assert ref(responses["200"]["content"]) == response
         errors = {code for code in responses if code != "200"}
         assert "401" in errors and "503" in errors
-        assert all(ref(responses[code]["content"]) == "ErrorEnvelope" for code in errors)
-        assert operation.get("security") == ([{"bearer": []}] if api_key else None)
-    streamed = doc["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
-    assert "text/event-stream" in streamed
+        envelope = "AnthropicErrorEnvelope" if path in ANTHROPIC else "ErrorEnvelope"
+        assert all(ref(responses[code]["content"]) == envelope for code in errors)
+        either = [{"bearer": []}, {"x-api-key": []}]
+        assert operation.get("security") == (either if api_key else None)
+    for path in ("/v1/completions", "/v1/messages"):
+        streamed = doc["paths"][path]["post"]["responses"]["200"]["content"]
+        assert "text/event-stream" in streamed
+    event = doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"][
+        "text/event-stream"]["schema"]
+    assert event["required"] == ["event", "data"]
+    kinds = {ref_["$ref"].rsplit("/", 1)[1]
+             for ref_ in event["properties"]["data"]["contentSchema"]["oneOf"]}
+    assert {"MessageStart", "ContentBlockDelta", "MessageDelta", "MessageStop"} <= kinds
     schemes = doc["components"].get("securitySchemes")
-    assert schemes == ({"bearer": {"type": "http", "scheme": "bearer"}} if api_key else None)
+    assert schemes == ({
+        "bearer": {"type": "http", "scheme": "bearer"},
+        "x-api-key": {"type": "apiKey", "name": "x-api-key", "in": "header"},
+    } if api_key else None)

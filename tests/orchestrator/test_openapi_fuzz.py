@@ -8,7 +8,9 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anthropic
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -75,3 +77,23 @@ def test_the_cluster_still_answers_after_the_fuzzing(served: Served) -> None:
                        headers={"Authorization": f"Bearer {KEY}"})
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_anthropic_client_through_the_gateway(served: Served) -> None:
+    """The official anthropic client through the gateway: the key as x-api-key (its
+    default) or as a Bearer token, whole and streamed; a wrong key is its
+    AuthenticationError."""
+    body: dict[str, Any] = {"model": served.model, "max_tokens": 4,
+                            "messages": [{"role": "user", "content": "Hello"}]}
+    claude = anthropic.Anthropic(base_url=served.url, api_key=KEY, max_retries=0)
+    whole = claude.messages.create(**body)
+    assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 4
+    bearer = anthropic.Anthropic(base_url=served.url, auth_token=KEY, max_retries=0)
+    with bearer.messages.stream(**body) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert final.usage.output_tokens == 4 and final.stop_reason == "max_tokens"
+    wrong = anthropic.Anthropic(base_url=served.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        wrong.messages.create(**body)

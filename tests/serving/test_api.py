@@ -1,4 +1,5 @@
-"""The OpenAI API of a 1-rank server on the bundled model, through real HTTP."""
+"""The OpenAI API (and Anthropic's Messages) of a 1-rank server on the bundled model,
+through real HTTP."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -368,3 +371,131 @@ def test_health_and_metrics(server: RankCluster) -> None:
     # MLX's allocator holds at least the weights (~100 MB of the bundled model).
     active = metric_value(server.base_url, "serving_mlx_active_memory_bytes")
     assert 50e6 < active <= metric_value(server.base_url, "serving_mlx_peak_memory_bytes")
+
+
+@pytest.fixture
+def claude(server: RankCluster) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def test_anthropic_messages_whole_and_streamed(
+    claude: anthropic.Anthropic, server: RankCluster
+) -> None:
+    """The official anthropic client: a system prompt and a text block; the streamed text
+    equals the whole one, usage and stop reason agree; count_tokens counts the same prompt."""
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "system": "You are a geography teacher.",
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is the capital of France?"}]}],
+        "max_tokens": 12,
+        "extra_body": {"temperature": 0},  # this client version has no temperature argument
+    }
+    whole = claude.messages.create(**args)
+    assert whole.type == "message" and whole.role == "assistant" and whole.model == MODEL
+    text = whole.content[0]
+    assert isinstance(text, anthropic.types.TextBlock) and "Paris" in text.text
+    assert whole.stop_reason in ("end_turn", "max_tokens") and whole.usage.output_tokens <= 12
+    with claude.messages.stream(**args) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == text.text
+    assert (final.stop_reason, final.usage.output_tokens) == (
+        whole.stop_reason, whole.usage.output_tokens)
+    args.pop("max_tokens"), args.pop("extra_body")
+    counted = claude.messages.count_tokens(**args)
+    assert counted.input_tokens == whole.usage.input_tokens > 0
+
+
+def test_anthropic_event_sequence_and_stop_sequence(server: RankCluster) -> None:
+    """The raw stream is Anthropic's event sequence; a stop sequence ends the text before
+    it and is reported as stop_reason stop_sequence, naming it."""
+    body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6"}]}
+    url = f"{server.base_url}/v1/messages"
+    with httpx.stream("POST", url, json=body, timeout=120) as reply:
+        events = [line.removeprefix("event: ") for line in reply.iter_lines()
+                  if line.startswith("event: ")]
+    assert events[:2] == ["message_start", "content_block_start"]
+    assert set(events[2:-3]) == {"content_block_delta"}
+    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    plain = httpx.post(url, json={**body, "stream": False}, timeout=120).json()
+    text = plain["content"][0]["text"]
+    stop = text.strip()[:2]
+    cut = httpx.post(url, json={**body, "stream": False, "stop_sequences": [stop]},
+                     timeout=120).json()
+    assert (cut["stop_reason"], cut["stop_sequence"]) == ("stop_sequence", stop)
+    assert cut["content"][0]["text"] == text[: text.index(stop)]
+
+
+BAD_MESSAGES = [
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "messages[0].content[0]"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search",
+                 "input_schema": {}}]}, "tools.0.type"),
+    ({"temperature": 1.5}, "temperature"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"top_k": -1}, "top_k"),
+    ({"stop_sequences": [""]}, "stop_sequences"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, "messages.0.content.0"),
+    ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    ({"n": 2}, "n"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), BAD_MESSAGES)
+def test_anthropic_fields_we_cannot_honour_are_400_naming_them(
+    claude: anthropic.Anthropic, fields: dict[str, Any], param: str
+) -> None:
+    """Each is a 400 in Anthropic's error shape whose message names the field."""
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(model=MODEL, max_tokens=4, extra_body=fields,
+                               messages=[{"role": "user", "content": "x"}])
+    error = caught.value.body
+    assert isinstance(error, dict) and error["type"] == "error", error
+    assert error["error"]["type"] == "invalid_request_error"
+    assert param in error["error"]["message"], error
+
+
+def test_anthropic_unknown_model_and_route_errors(
+    claude: anthropic.Anthropic, server: RankCluster
+) -> None:
+    """An unknown model is Anthropic's not_found_error; a wrong method on /v1/messages is a
+    405 in Anthropic's shape too, while the OpenAI routes keep OpenAI's."""
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        claude.messages.create(model="claude-x", max_tokens=4,
+                               messages=[{"role": "user", "content": "x"}])
+    assert caught.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    wrong = httpx.get(f"{server.base_url}/v1/messages")
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["type"] == "invalid_request_error"
+    assert wrong.json()["type"] == "error"
+
+
+def test_timings_only_when_asked(client: openai.OpenAI) -> None:
+    """timings_per_token adds llama.cpp's `timings` to chat and completion answers and to the
+    last streamed chunk; without it the answers have none, and the openai client reads both."""
+    args: dict[str, Any] = {"model": MODEL, "messages": chat("Say hi"), "max_tokens": 6,
+                            "temperature": 0}
+    plain = client.chat.completions.create(**args)
+    assert "timings" not in (plain.model_extra or {})
+    timed = client.chat.completions.create(**args, extra_body={"timings_per_token": True})
+    assert timed.choices[0].message.content == plain.choices[0].message.content
+    timings = (timed.model_extra or {})["timings"]
+    assert set(timings) == {
+        "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+        "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
+    assert timings["prompt_n"] == timed.usage.prompt_tokens  # type: ignore[union-attr]
+    assert timings["predicted_n"] == 6 and timings["prompt_ms"] > 0
+    assert timings["predicted_per_second"] == pytest.approx(
+        6e3 / timings["predicted_ms"], rel=1e-6)
+    chunks = list(client.chat.completions.create(
+        **args, stream=True, extra_body={"timings_per_token": True}))
+    assert [("timings" in (c.model_extra or {})) for c in chunks][-2:] == [False, True]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    text = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
+                                     extra_body={"timings_per_token": True})
+    assert (text.model_extra or {})["timings"]["predicted_n"] == 3

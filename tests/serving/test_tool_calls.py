@@ -10,14 +10,15 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import anthropic
 import msgspec
 import openai
 import pytest
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
+from contract.openai_errors import ApiError
 from contract.openai_schemas import ChatCompletionRequest
 from contract.rank_env import FORCED_OUTPUT
-from serving.api.errors import OpenAIError
 from serving.api.tool_calls import ToolCallStream, ToolPlan, plan_tools
 from testkit.rank_cluster import RankCluster, rank_cluster
 
@@ -104,7 +105,7 @@ def request(**fields: Any) -> ChatCompletionRequest:
     ],
 )
 def test_tool_fields_that_cannot_work_are_400(fields: dict[str, Any], param: str) -> None:
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         plan_tools(request(**fields), parser_of(json_tools))
     assert caught.value.status == 400 and caught.value.body.param == param
 
@@ -120,7 +121,7 @@ def test_tool_choice_plans() -> None:
                 tool_choice={"type": "function", "function": {"name": "multiply"}}), tok)
     assert named.open_call and [t["function"]["name"] for t in named.tools or []] == ["multiply"]
     no_tools = SimpleNamespace(has_tool_calling=False)
-    with pytest.raises(OpenAIError) as caught:
+    with pytest.raises(ApiError) as caught:
         plan_tools(request(tools=[WEATHER]), no_tools)
     assert caught.value.body.param == "tools"
 
@@ -180,3 +181,56 @@ def test_streamed_tool_calls_arrive_as_deltas(tool_server: RankCluster) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "<tool_call>" not in content
+
+
+CLAUDE_TOOLS: list[Any] = [{
+    "name": "get_weather",
+    "description": "Current weather of a city",
+    "input_schema": WEATHER["function"]["parameters"],  # type: ignore[index]
+}]
+
+
+def test_anthropic_client_gets_tool_use_and_sends_results(tool_server: RankCluster) -> None:
+    """Anthropic's tools: the call is a tool_use block (input an object), stop_reason
+    tool_use; the tool_use and its tool_result go back in the history, the result reaches
+    the prompt (count_tokens grows with it) and the next turn is answered."""
+    claude = anthropic.Anthropic(base_url=tool_server.base_url, api_key="x", max_retries=0)
+    asked: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    first = claude.messages.create(model="m", max_tokens=64, tools=CLAUDE_TOOLS, messages=asked)
+    assert first.stop_reason == "tool_use"
+    use = next(b for b in first.content if isinstance(b, anthropic.types.ToolUseBlock))
+    assert use.name == "get_weather" and use.input == {"city": "Paris"}
+
+    def history(result: str) -> list[Any]:
+        return [*asked,
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                  for b in first.content]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": result}]}]
+
+    def count(messages: list[Any]) -> int:
+        return claude.messages.count_tokens(
+            model="m", tools=CLAUDE_TOOLS, messages=messages).input_tokens
+
+    short, long = count(history("21 C")), count(history("21 C, sunny, light wind from the west"))
+    assert count(asked) < short < long
+    again = claude.messages.create(
+        model="m", max_tokens=64, tools=CLAUDE_TOOLS, messages=history("21 C"))
+    assert again.usage.input_tokens == short and again.stop_reason == "tool_use"
+
+
+def test_anthropic_streamed_tool_use(tool_server: RankCluster) -> None:
+    """Streaming: the call arrives as a tool_use block whose input the client assembles from
+    input_json_delta; no call markup leaks into text."""
+    claude = anthropic.Anthropic(base_url=tool_server.base_url, api_key="x", max_retries=0)
+    with claude.messages.stream(
+        model="m", max_tokens=64, tools=CLAUDE_TOOLS,
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        messages=[{"role": "user", "content": "Weather?"}],
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert "input_json" in kinds and final.stop_reason == "tool_use"
+    blocks = [(b.type, getattr(b, "input", None)) for b in final.content]
+    assert ("tool_use", {"city": "Paris"}) in blocks
+    assert all("<tool_call>" not in getattr(b, "text", "") for b in final.content)

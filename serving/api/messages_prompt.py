@@ -1,0 +1,149 @@
+"""Anthropic Messages requests, checked and translated for the engine: the chat template's
+messages, the tool plan (the same parsers as the OpenAI side), sampling parameters.
+Every problem is a 400 naming its field, as Anthropic's own messages do (`messages.0...`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contract.anthropic_schemas import (
+    PROMPT_ROLES,
+    InputMessage,
+    MessagesRequest,
+    PromptFields,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from serving.api.errors import invalid, model_not_found
+from serving.api.generation import random_seed
+from serving.api.state import ServedModel
+from serving.api.tool_calls import ToolPlan, make_plan
+from serving.engine.step_plan import SamplingParams
+
+TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "required", "none": "none"}
+SERVICE_TIERS = (None, "auto", "standard_only")  # no effect here: one tier
+MAX_STOP_SEQUENCES = 16
+
+
+def check_prompt_fields(req: PromptFields, served: str) -> None:
+    """What /v1/messages and its count_tokens share: model, thinking, tools, tool_choice."""
+    if req.model != served:
+        raise model_not_found(req.model)
+    if not req.messages:
+        raise invalid("messages must not be empty", "messages")
+    if req.thinking is not None and req.thinking.type != "disabled":
+        raise invalid(
+            "extended thinking is not supported by this server; leave out thinking",
+            "thinking", "unsupported_parameter",
+        )
+    for i, tool in enumerate(req.tools or []):
+        if tool.type not in (None, "custom"):
+            raise invalid(
+                f"only custom tools (name, input_schema) are supported, not {tool.type!r}",
+                f"tools.{i}.type", "unsupported_parameter",
+            )
+    choice = req.tool_choice
+    if choice is not None:
+        if choice.type not in TOOL_CHOICES:
+            raise invalid(f"tool_choice.type must be one of {', '.join(TOOL_CHOICES)}",
+                          "tool_choice.type")
+        if (choice.type == "tool") != (choice.name is not None):
+            raise invalid("tool_choice.name is given with type 'tool', and only then",
+                          "tool_choice.name")
+
+
+def check_request(req: MessagesRequest, served: str, limit: int) -> None:
+    check_prompt_fields(req, served)
+    if not 1 <= req.max_tokens <= limit:
+        raise invalid(f"max_tokens must be between 1 and {limit}, got {req.max_tokens}",
+                      "max_tokens")
+    if req.temperature is not None and not 0 <= req.temperature <= 1:
+        raise invalid(f"temperature must be in [0, 1], got {req.temperature}", "temperature")
+    if req.top_p is not None and not 0 < req.top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], got {req.top_p}", "top_p")
+    if req.top_k is not None and req.top_k < 0:
+        raise invalid(f"top_k must be >= 0, got {req.top_k}", "top_k")
+    stops = req.stop_sequences or []
+    if len(stops) > MAX_STOP_SEQUENCES or any(not s for s in stops):
+        raise invalid(f"stop_sequences must be up to {MAX_STOP_SEQUENCES} non-empty strings",
+                      "stop_sequences")
+    if req.service_tier not in SERVICE_TIERS:
+        raise invalid(f"service_tier must be auto or standard_only, got {req.service_tier!r}",
+                      "service_tier")
+
+
+def sampling_params(req: MessagesRequest, model: ServedModel) -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        max_tokens=req.max_tokens,
+        seed=random_seed(),
+        forced=model.forced_output,
+    )
+
+
+def tool_plan(req: PromptFields, tokenizer: Any) -> ToolPlan:
+    tools = [
+        {"type": "function", "function": {
+            "name": t.name, "parameters": t.input_schema,
+            **({"description": t.description} if t.description is not None else {}),
+        }}
+        for t in req.tools or []
+    ]
+    choice = req.tool_choice
+    return make_plan(
+        tools,
+        TOOL_CHOICES[choice.type] if choice else None,
+        choice.name if choice else None,
+        not (choice and choice.disable_parallel_tool_use),
+        tokenizer,
+        "tool_choice.name",
+    )
+
+
+def template_messages(req: PromptFields) -> list[dict[str, Any]]:
+    """The chat template's messages: the system prompt, then each turn; a user turn's
+    tool_result blocks become `tool` messages, an assistant's tool_use blocks its calls."""
+    out: list[dict[str, Any]] = []
+    if req.system:
+        out.append({"role": "system", "content": _text(req.system)})
+    for i, message in enumerate(req.messages):
+        out += _turn(i, message)
+    return out
+
+
+def _turn(i: int, message: InputMessage) -> list[dict[str, Any]]:
+    if message.role not in PROMPT_ROLES:
+        raise invalid(f"role must be user or assistant, got {message.role!r}",
+                      f"messages.{i}.role")
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    out: list[dict[str, Any]] = []
+    text, calls = "", []
+    for j, block in enumerate(message.content):
+        where = f"messages.{i}.content.{j}"
+        if isinstance(block, TextBlock):
+            text += block.text
+        elif isinstance(block, ToolUseBlock):
+            if message.role != "assistant":
+                raise invalid("tool_use blocks belong to assistant turns", f"{where}.type")
+            function = {"name": block.name, "arguments": block.input}
+            calls.append({"id": block.id, "type": "function", "function": function})
+        elif isinstance(block, ToolResultBlock):
+            if message.role != "user":
+                raise invalid("tool_result blocks belong to user turns", f"{where}.type")
+            content = _text(block.content or "")
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                        "content": f"Error: {content}" if block.is_error else content})
+    if text or calls or not out:
+        turn: dict[str, Any] = {"role": message.role, "content": text}
+        if calls:
+            turn["tool_calls"] = calls
+        out.append(turn)
+    return out
+
+
+def _text(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "".join(b.text for b in content)
