@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     linktest = command(
         "linktest",
-        "measure the links between the nodes (correctness, latency, bandwidth per link)",
+        "measure the links between the nodes (correctness, latency, all_sum bandwidth, and "
+        "GB/s of each ring link rank i -> i+1; a mesh's other pairs are not measured)",
         _linktest,
     )
     linktest.add_argument("--json", action="store_true", help="machine-readable output")
@@ -79,7 +80,10 @@ def _parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="run even while the cluster is serving"
     )
     linktest.add_argument(
-        "--timeout-s", type=float, default=120.0, help="end the test after this long"
+        "--timeout-s",
+        type=float,
+        default=120.0,
+        help="seconds before the ranks end an unfinished test as failed (default: 120)",
     )
     restart_help = "reset the restart budget and relaunch a failed cluster"
     command("restart", restart_help, _restart, config_optional=True)

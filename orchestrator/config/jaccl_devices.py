@@ -10,7 +10,6 @@ MLX_JACCL_RING then makes MLX pick the ring even where the matrix is also a mesh
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -91,13 +90,15 @@ def ring_device_issues(spec: ClusterSpec) -> Iterator[ConfigIssue]:
                 "keep one: remove rdma from [[nodes]] for a ring, or [[links]] for a mesh",
             )
     for name, devices in node_devices(spec).items():
-        counts = Counter(device.device for device in devices)
+        first: dict[str, NodeDevice] = {}
         for device in devices:
-            if counts[device.device] > 1:
-                counts[device.device] = 0  # report each device once
-                yield ConfigIssue(
-                    device.field,
-                    f"{device.device} on {name} is given for more than one cable",
-                    "one device per Thunderbolt port: name the port each cable is in "
-                    "(ibv_devices lists them)",
-                )
+            if device.device not in first:
+                first[device.device] = device
+                continue
+            yield ConfigIssue(
+                device.field,
+                f"{device.device} on {name} is given for more than one cable (also at "
+                f"{first[device.device].field})",
+                "one device per Thunderbolt port: name the port each cable is in "
+                "(ibv_devices lists them)",
+            )

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from orchestrator.config.issues import ConfigIssue
+from orchestrator.config.jaccl_devices import device_matrix
 from orchestrator.config.spec import ClusterSpec, LinkSpec
 
 # Home routers hand out these subnets; a Thunderbolt cable there routes traffic the wrong way.
@@ -185,3 +186,24 @@ def _ring_issues(spec: ClusterSpec, names: list[str]) -> Iterator[ConfigIssue]:
             "cable every neighbour pair equally often (MLX's ring needs as many "
             "connections to the left as to the right)",
         )
+
+
+def cable_labels(spec: ClusterSpec) -> dict[int, str]:
+    """What carries rank (dst-1) -> dst, by dst, for linktest's per-link table: the
+    address(es) the ring backend connects to, or the RDMA devices at both ends (jaccl)."""
+    size = spec.world_size
+    if spec.cluster.backend != "jaccl":
+        found: dict[int, list[str]] = {}
+        for hop in hops(spec):
+            found.setdefault(hop.dst, []).append(f"{hop.address.ip}:{hop.port}")
+        return {dst: ", ".join(labels) for dst, labels in found.items()}
+    matrix = device_matrix(spec)
+
+    def names(entry: object) -> str:
+        return "+".join(entry) if isinstance(entry, list) else str(entry)
+
+    return {
+        dst: f"{names(matrix[(dst - 1) % size][dst])} -> {names(matrix[dst][(dst - 1) % size])}"
+        for dst in range(size)
+        if size > 1
+    }
