@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
 from orchestrator.config import ConfigErrors, check_cluster_file
+from orchestrator.config.api_auth import unset_key_issue
 from orchestrator.config.summary import summarize
 from orchestrator.launch.plan import build_plan, plan_as_toml
 from orchestrator.status import control
@@ -80,9 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="run even while the cluster is serving"
     )
     linktest.add_argument(
-        "--timeout-s",
-        type=float,
-        default=120.0,
+        "--timeout-s", type=float, default=120.0,
         help="seconds before the ranks end an unfinished test as failed (default: 120)",
     )
     restart_help = "reset the restart budget and relaunch a failed cluster"
@@ -112,6 +112,8 @@ def _up(args: argparse.Namespace) -> int:
     from orchestrator.service import Service  # imports the serving stack; not needed above
 
     spec, warnings = check_cluster_file(args.config)
+    if (refusal := unset_key_issue(spec, os.environ)) is not None:
+        raise ConfigErrors(args.config, [refusal])
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",

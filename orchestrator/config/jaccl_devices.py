@@ -65,9 +65,9 @@ def node_devices(spec: ClusterSpec) -> dict[str, list[NodeDevice]]:
     if is_jaccl_ring(spec):
         for k, link in enumerate(spec.links):
             for side, device in enumerate(link.rdma or []):
-                node, peer = link.between[side], link.between[1 - side]
-                if node in found and device:
-                    found[node].append(NodeDevice(device, peer, f"links[{k}].rdma[{side}]"))
+                owner, other = link.between[side], link.between[1 - side]
+                if owner in found and device:
+                    found[owner].append(NodeDevice(device, other, f"links[{k}].rdma[{side}]"))
         return found
     for index, node in enumerate(spec.nodes):
         for peer, device in enumerate(node.rdma or []):

@@ -41,6 +41,8 @@ class ApiSection(Section):
     port: Port = 8000
     # Name of the environment variable holding the API key; unset means no auth.
     api_key_env: str | None = None
+    # Serve beyond loopback although api_key_env's variable is unset (`up` refuses otherwise).
+    allow_no_key: bool = False
 
 
 class SupervisorSection(Section):

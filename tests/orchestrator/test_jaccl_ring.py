@@ -169,7 +169,9 @@ def test_node_devices_name_interface_and_peer(tmp_path: Path) -> None:
         (FOUR_IN_A_RING.replace('rdma = ["rdma_en2", "rdma_en3"]\n', "", 1), "links[0].rdma",
          "missing: a jaccl ring names each end's RDMA device"),
         (
-            FOUR_IN_A_RING.replace('ip = "10.1.0.10"', 'ip = "10.1.0.10"\nrdma = ["", "x", "", "y"]'),
+            FOUR_IN_A_RING.replace(
+                'ip = "10.1.0.10"', 'ip = "10.1.0.10"\nrdma = ["", "x", "", "y"]'
+            ),
             "nodes[0].rdma",
             "is set together with [[links]]",
         ),
