@@ -70,10 +70,10 @@ def node_devices(spec: ClusterSpec) -> dict[str, list[NodeDevice]]:
                     found[owner].append(NodeDevice(device, other, f"links[{k}].rdma[{side}]"))
         return found
     for index, node in enumerate(spec.nodes):
-        for peer, device in enumerate(node.rdma or []):
-            if device and peer < len(spec.nodes):
+        for peer, name in enumerate(node.rdma or []):
+            if name and peer < len(spec.nodes):
                 field = f"nodes[{index}].rdma[{peer}]"
-                found[node.name].append(NodeDevice(device, spec.nodes[peer].name, field))
+                found[node.name].append(NodeDevice(name, spec.nodes[peer].name, field))
     return found
 
 
