@@ -88,3 +88,27 @@ def test_agent_on_a_stock_macs_python_names_version_and_bootstrap() -> None:
     assert done.returncode == 4
     assert "is Python 3.9.6 (the Command Line Tools' Python)" in done.stderr
     assert "orchestrator bootstrap cluster.toml" in done.stderr
+
+
+def test_bootstrap_with_a_venv_but_only_own_pythons_names_the_cause(tmp_path: Path) -> None:
+    """[bootstrap] venv set while every ssh node names its python: bootstrap says which
+    nodes set python (the venv only applies to ssh nodes without one), not "no venv"."""
+    text = """
+    [bootstrap]
+    venv = "~/.venvs/mlx-cluster"
+    [[nodes]]
+    name = "a"
+    ip = "10.0.0.1"
+    [[nodes]]
+    name = "b"
+    transport = "ssh"
+    ssh = "me@b"
+    ip = "10.0.0.2"
+    python = "/opt/py/bin/python"
+    """
+    result = run_cli("bootstrap", str(write(tmp_path, text)), env=dict(os.environ))
+    assert result.returncode == 2
+    assert "applies only to ssh nodes that set no python (b sets python; a is local)" in (
+        result.stderr
+    )
+    assert "remove python from those [[nodes]] tables" in result.stderr
