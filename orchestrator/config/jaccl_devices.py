@@ -37,6 +37,15 @@ def is_jaccl_ring(spec: ClusterSpec) -> bool:
     return spec.cluster.backend == "jaccl" and bool(spec.links)
 
 
+def wants_ring_flag(spec: ClusterSpec) -> bool:
+    """MLX_JACCL_RING for a jaccl ring, except two Macs on one cable: their matrix is also a
+    mesh, which MLX then picks (one queue pair per peer, not a left and a right one on the
+    same device)."""
+    if not is_jaccl_ring(spec):
+        return False
+    return spec.world_size >= 3 or len(spec.links) > 1
+
+
 def device_matrix(spec: ClusterSpec) -> list[list[Entry]]:
     """The JSON matrix MLX_IBV_DEVICES points at, in rank order."""
     if not is_jaccl_ring(spec):

@@ -24,7 +24,7 @@ from contract import rank_env
 from contract.fingerprint import NodeFingerprint, ranks_on_machine
 from contract.settings import RankSettings, encode_settings
 from orchestrator.config import ClusterSpec, NodeSpec
-from orchestrator.config.jaccl_devices import device_matrix, is_jaccl_ring
+from orchestrator.config.jaccl_devices import device_matrix, wants_ring_flag
 from orchestrator.config.links import rank_addresses
 
 RUNS_DIR = "~/.cache/mlx-cluster-orchestrator/runs"
@@ -118,7 +118,7 @@ def _env(
     else:
         env[rank_env.JACCL_COORDINATOR] = f"{spec.nodes[0].rank_ip}:{spec.cluster.rank_port}"
         env[rank_env.IBV_DEVICES] = rank_env.DEVICES_FILE
-        if is_jaccl_ring(spec):  # as `mlx.launch --backend jaccl-ring` does
+        if wants_ring_flag(spec):  # as `mlx.launch --backend jaccl-ring` does
             env[rank_env.JACCL_RING] = "1"
     return env
 

@@ -116,7 +116,8 @@ def test_mesh_plan_keeps_the_nodes_rdma_lists_and_no_ring_flag(tmp_path: Path) -
 
 def test_two_cables_per_neighbour_pair_are_lists(tmp_path: Path) -> None:
     """Several cables between two neighbours: a list per entry, in [[links]] order on both
-    ends, so connection c on one side is the same cable as connection c on the other."""
+    ends, so connection c on one side is the same cable as connection c on the other; two
+    Macs on one cable are left to MLX's mesh (no MLX_JACCL_RING)."""
     text = """
     [cluster]
     backend = "jaccl"
@@ -138,6 +139,15 @@ def test_two_cables_per_neighbour_pair_are_lists(tmp_path: Path) -> None:
         [None, ["rdma_en2", "rdma_en3"]],
         [["rdma_en4", "rdma_en5"], None],
     ]
+    assert plan.ranks[0].env["MLX_JACCL_RING"] == "1"  # MLX's mesh would use one cable
+    flat = textwrap.dedent(text)
+    one_cable = flat[: flat.index("[[links]]\nbetween = [\"b\", \"a\"]")]
+    plan = build_plan(load_cluster(write(tmp_path, one_cable)), "L1")
+    assert json.loads(plan.ranks[0].files["ibv_devices.json"]) == [
+        [None, "rdma_en2"],
+        ["rdma_en4", None],
+    ]
+    assert "MLX_JACCL_RING" not in plan.ranks[0].env  # the same matrix is a mesh
 
 
 def test_node_devices_name_interface_and_peer(tmp_path: Path) -> None:
