@@ -11,6 +11,9 @@ RANK = "MLX_RANK"
 HOSTFILE = "MLX_HOSTFILE"  # ring: JSON [["ip:port"], ...], one list per rank
 JACCL_COORDINATOR = "MLX_JACCL_COORDINATOR"  # jaccl: rank 0's ip:port
 IBV_DEVICES = "MLX_IBV_DEVICES"  # jaccl: JSON matrix of RDMA device names, null on the diagonal
+# jaccl: present = prefer the device file's ring (rank i to i±1) to a mesh; set for [[links]].
+JACCL_RING = "MLX_JACCL_RING"
+# Never set by us: MLX's docs say it can deadlock and wedge the GPU, best left unset.
 METAL_FAST_SYNCH = "MLX_METAL_FAST_SYNCH"
 
 # Ours. Every process of one launch carries its launch id: logs, ListRanks and Reap use it.

@@ -8,9 +8,16 @@ import sys
 
 if sys.version_info < (3, 11):  # noqa: UP036 - the node python is not ours to assume
     sys.stderr.write(
-        "node_agent: needs Python 3.11 or newer; {} is {}.{}.\n"
-        "Point the node's `python` in cluster.toml at a newer interpreter"
-        " (one with mlx, mlx-lm and msgspec).\n".format(sys.executable, *sys.version_info[:2])
+        "node_agent: needs Python 3.11 or newer; {} is Python {}.{}.{}{}.\n"
+        "Fix: set [bootstrap] venv in cluster.toml and run `orchestrator bootstrap"
+        " cluster.toml` (it builds this node a venv from a newer Python, python.org's or"
+        " Homebrew's), or point the node's `python` at a 3.11+ interpreter with mlx,"
+        " mlx-lm and msgspec.\n".format(
+            sys.executable,
+            *sys.version_info[:3],
+            # A stock Mac's python3 is the Command Line Tools' 3.9.
+            " (the Command Line Tools' Python)" if "CommandLineTools" in sys.prefix else "",
+        )
     )
     sys.exit(4)
 

@@ -72,6 +72,9 @@ def collect_fingerprint(model: str | None, code_digest: str | None) -> NodeFinge
         gpu_wired_limit_mb=guard("gpu_wired_limit", lambda: _wired_limit(unavailable))
         if is_mac
         else None,
+        gpu_working_set_bytes=guard("gpu_working_set", lambda: _working_set(unavailable))
+        if is_mac
+        else None,
         blas=describe_blas(),
         python=PythonInfo(
             version=platform.python_version(),
@@ -147,6 +150,24 @@ def _wired_limit(unavailable: dict[str, str]) -> int | None:
         unavailable["gpu_wired_limit"] = out.reason or "sysctl failed"
         return None
     return macos.parse_sysctl_int(out.stdout, "iogpu.wired_limit_mb")
+
+
+# Importing mlx and opening the Metal device takes a second or two; the value only
+# changes with iogpu.wired_limit_mb (Metal's recommendation follows it), so it is cached.
+WORKING_SET_TIMEOUT_S = 30.0
+_working_sets: dict[str, int] = {}
+
+
+def _working_set(unavailable: dict[str, str]) -> int | None:
+    limit = run_tool(["sysctl", "-n", "iogpu.wired_limit_mb"]).stdout or ""
+    if limit in _working_sets:
+        return _working_sets[limit]
+    out = run_tool([sys.executable, "-c", macos.DEVICE_INFO_PROBE], WORKING_SET_TIMEOUT_S)
+    if out.stdout is None:
+        unavailable["gpu_working_set"] = out.reason or "mlx device_info failed"
+        return None
+    _working_sets[limit] = macos.parse_working_set_bytes(out.stdout)
+    return _working_sets[limit]
 
 
 def probe_rdma(unavailable: dict[str, str]) -> RdmaInfo:

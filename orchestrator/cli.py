@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
 from orchestrator.config import ConfigErrors, check_cluster_file
+from orchestrator.config.api_auth import unset_key_issue
 from orchestrator.config.summary import summarize
 from orchestrator.status import control
 
@@ -68,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     linktest = command(
         "linktest",
-        "measure the links between the nodes (correctness, latency, bandwidth per link)",
+        "measure the links between the nodes (correctness, latency, all_sum bandwidth, and "
+        "GB/s of each ring link rank i -> i+1; a mesh's other pairs are not measured)",
         _linktest,
     )
     linktest.add_argument("--json", action="store_true", help="machine-readable output")
@@ -79,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="run even while the cluster is serving"
     )
     linktest.add_argument(
-        "--timeout-s", type=float, default=120.0, help="end the test after this long"
+        "--timeout-s", type=float, default=120.0,
+        help="seconds before the ranks end an unfinished test as failed (default: 120)",
     )
     restart_help = "reset the restart budget and relaunch a failed cluster"
     command("restart", restart_help, _restart, config_optional=True)
@@ -109,6 +113,8 @@ def _up(args: argparse.Namespace) -> int:
     from orchestrator.up import Service  # imports the serving stack; not needed above
 
     spec, warnings = check_cluster_file(args.config)
+    if (refusal := unset_key_issue(spec, os.environ)) is not None:
+        raise ConfigErrors(args.config, [refusal])
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",

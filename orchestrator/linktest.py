@@ -22,7 +22,7 @@ from rich.table import Table
 from contract.agent_protocol import Event, Exited, Log
 from contract.linktest import BandwidthRow, Latency, LinktestResult, parse_result_line
 from orchestrator.config import ClusterSpec
-from orchestrator.config.links import hops
+from orchestrator.config.links import cable_labels
 from orchestrator.console import report_console
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import LaunchPlan, build_plan, new_launch_id
@@ -149,7 +149,7 @@ class LinkReport:
     def __init__(self, spec: ClusterSpec, result: LinktestResult, min_gbps: float) -> None:
         self.spec, self.result, self.min_gbps = spec, result, min_gbps
         names = [node.name for node in spec.nodes]
-        addresses = {h.dst: f"{h.address.ip}:{h.port}" for h in hops(spec)}
+        addresses = cable_labels(spec)  # ring: the address; jaccl: the devices
         self.links = [
             NamedLink(
                 **msgspec.structs.asdict(link),

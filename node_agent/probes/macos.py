@@ -1,4 +1,4 @@
-"""Parsers for macOS tools: `sw_vers` and `sysctl`.
+"""Parsers for macOS tools: `sw_vers`, `sysctl`, `vm_stat`, and MLX's Metal device info.
 
 Formats (see tests/fixtures/README.md for where each recording comes from):
 
@@ -10,7 +10,17 @@ Formats (see tests/fixtures/README.md for where each recording comes from):
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
+
+# Runs in the node's Python (the ranks' own, with their mlx): Metal's recommended working
+# set as MLX reads it (mlx/backend/metal/device_info.cpp). mx.device_info (MLX 0.30.4+)
+# replaces mx.metal.device_info, which older MLX has; both print the same dict.
+DEVICE_INFO_PROBE = (
+    "import mlx.core as mx\n"
+    "print(mx.device_info(mx.gpu) if hasattr(mx, 'device_info') else mx.metal.device_info())\n"
+)
+WORKING_SET_KEY = "max_recommended_working_set_size"
 
 
 @dataclass(frozen=True)
@@ -64,3 +74,20 @@ def parse_vm_stat_wired(text: str) -> int:
     if page_size is None or wired is None:
         raise ValueError(f"no page size or wired pages in vm_stat output: {text[:200]!r}")
     return wired * page_size
+
+
+def parse_working_set_bytes(text: str) -> int:
+    """Metal's recommendedMaxWorkingSetSize from the printed device info dict (the last line
+    that is one; a deprecation warning or other output may come before it):
+
+        {'device_name': 'Apple M5 Max', 'max_recommended_working_set_size': 115448725504, ...}
+    """
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            info = ast.literal_eval(line)  # a dict of str and int literals, never code
+            value = info.get(WORKING_SET_KEY) if isinstance(info, dict) else None
+            if isinstance(value, int) and value > 0:
+                return value
+            raise ValueError(f"no positive {WORKING_SET_KEY} in {line[:200]!r}")
+    raise ValueError(f"no device info dict in {text[:200]!r}")

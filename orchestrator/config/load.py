@@ -8,6 +8,7 @@ be valid. Semantic rules that span fields live in `rules.py`.
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 import types
 import typing
@@ -61,13 +62,24 @@ def _parse(file: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message already ends with "(at line L, column C)".
-        raise _file_error(
-            file, f"TOML syntax error: {exc}", "fix the syntax at that line"
-        ) from None
+        raise _file_error(file, f"TOML syntax error: {exc}", _syntax_fix(text, exc)) from None
     except RecursionError:
         raise _file_error(
             file, "arrays or tables are nested too deeply to read", "flatten the nesting"
         ) from None
+
+
+def _syntax_fix(text: str, exc: tomllib.TOMLDecodeError) -> str:
+    """MLX's hostfiles write `null` at a node's own rdma index; TOML has no null."""
+    where = re.search(r"at line (\d+)", str(exc))
+    lines = text.splitlines()
+    line = lines[int(where.group(1)) - 1] if where and int(where.group(1)) <= len(lines) else ""
+    if re.search(r"\bnull\b", line):
+        return (
+            'TOML has no null: write "" for the node\'s own index, e.g. rdma = ["", "rdma_en3"] '
+            "(where MLX's hostfile has null)"
+        )
+    return "fix the syntax at that line"
 
 
 def _file_error(file: Path, message: str, fix: str) -> ConfigErrors:
@@ -80,10 +92,35 @@ def check_cluster_data(data: dict[str, Any], file: Path) -> tuple[ClusterSpec, l
     spec = _convert_struct(data, ClusterSpec, "", issues)
     if spec is not None:
         issues.extend(semantic_issues(spec))
+    else:
+        issues.extend(_rules_despite_type_errors(data, issues))
     errors = [issue for issue in issues if issue.severity == "error"]
     if errors or spec is None:
         raise ConfigErrors(file, errors)
     return spec, [issue for issue in issues if issue.severity == "warning"]
+
+
+def _rules_despite_type_errors(
+    data: dict[str, Any], type_issues: list[ConfigIssue]
+) -> list[ConfigIssue]:
+    """The cross-field rules too, in the same pass: on a spec where each wrong value that
+    has a default takes it (none when a required value is wrong). A rule's finding about a
+    field already reported, or one inside it, is left out: it would be about the default."""
+    spec = _convert_struct(data, ClusterSpec, "", [], lenient=True)
+    if spec is None:
+        return []
+    reported = [issue.path for issue in type_issues]
+    return [
+        issue
+        for issue in semantic_issues(spec)
+        if not any(_overlaps(issue.path, path) for path in reported)
+    ]
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """One path is the other or inside it: "nodes[1]" and "nodes[1].ip"."""
+    short, long = sorted((a, b), key=len)
+    return long == short or long.startswith((short + ".", short + "[")) or not short
 
 
 def _normalise_rdma_self_entries(data: dict[str, Any]) -> None:
@@ -98,7 +135,11 @@ def _join(path: str, key: str) -> str:
 
 
 def _convert_struct(
-    data: object, cls: type[msgspec.Struct], path: str, issues: list[ConfigIssue]
+    data: object,
+    cls: type[msgspec.Struct],
+    path: str,
+    issues: list[ConfigIssue],
+    lenient: bool = False,  # a wrong value with a default takes it; unknown keys are skipped
 ) -> Any:
     if not isinstance(data, dict):
         where = path or "the file"
@@ -109,24 +150,34 @@ def _convert_struct(
     fields = {f.encode_name: f for f in msgspec.structs.fields(cls)}
     start = len(issues)
     for key in data:
-        if key not in fields:
+        if key not in fields and not lenient:
             issues.append(ConfigIssue(_join(path, key), "unknown key", _suggest(key, list(fields))))
     values: dict[str, Any] = {}
     for name, field in fields.items():
         if name in data:
-            values[field.name] = _convert_value(data[name], field.type, _join(path, name), issues)
+            value = _convert_value(data[name], field.type, _join(path, name), issues, lenient)
+            if lenient and value is None:  # TOML has no null: None is a failed conversion
+                if field.required:
+                    return None
+                continue
+            values[field.name] = value
         elif field.required:
             issues.append(
                 ConfigIssue(_join(path, name), "missing required key", _required_fix(name))
             )
-    if len(issues) > start:
+    if len(issues) > start and not lenient:
         return None
-    return cls(**values)
+    try:
+        return cls(**values)
+    except (TypeError, ValueError):  # lenient: a __post_init__ on partial values
+        return None
 
 
-def _convert_value(value: object, annotation: Any, path: str, issues: list[ConfigIssue]) -> Any:
+def _convert_value(
+    value: object, annotation: Any, path: str, issues: list[ConfigIssue], lenient: bool = False
+) -> Any:
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
-        return _convert_struct(value, annotation, path, issues)
+        return _convert_struct(value, annotation, path, issues, lenient)
     if typing.get_origin(annotation) is list:
         (item_type,) = typing.get_args(annotation)
         if isinstance(item_type, type) and issubclass(item_type, msgspec.Struct):
@@ -136,10 +187,11 @@ def _convert_value(value: object, annotation: Any, path: str, issues: list[Confi
                     ConfigIssue(path, f"expected a list of tables, got {_describe(value)}", fix)
                 )
                 return None
-            return [
-                _convert_struct(item, item_type, f"{path}[{i}]", issues)
+            items = [
+                _convert_struct(item, item_type, f"{path}[{i}]", issues, lenient)
                 for i, item in enumerate(value)
             ]
+            return None if lenient and None in items else items
     try:
         return msgspec.convert(value, annotation, strict=True)
     except msgspec.ValidationError as exc:

@@ -12,6 +12,7 @@ from contract import rank_env
 from contract.bundled_models import BUNDLED_MODELS, BUNDLED_PREFIX, known_bundled_specs
 from contract.settings import settings_problems
 from orchestrator.config.issues import ConfigIssue
+from orchestrator.config.jaccl_devices import is_jaccl_ring, ring_device_issues
 from orchestrator.config.links import link_issues, rank_addresses
 from orchestrator.config.spec import ClusterSpec
 
@@ -21,8 +22,6 @@ HOST_NAME = re.compile(rf"^{LABEL}(\.{LABEL})*\.?$")  # RFC 1123
 # Linux refuses an exec whose environment string is over 128 KiB (E2BIG), macOS a total of
 # 1 MiB with the arguments: well below both, so every spawn of a valid config can succeed.
 MAX_ENV_BYTES = 64 * 1024
-# Home routers hand out these subnets; a Thunderbolt link there routes traffic the wrong way.
-ROUTER_SUBNETS = (ipaddress.ip_network("192.168.0.0/24"), ipaddress.ip_network("192.168.1.0/24"))
 
 
 def semantic_issues(spec: ClusterSpec) -> list[ConfigIssue]:
@@ -30,10 +29,12 @@ def semantic_issues(spec: ClusterSpec) -> list[ConfigIssue]:
         _node_names,
         _transports,
         _venvs,
+        _system_python,
         _addresses,
         link_issues,
         _endpoints,
         _rdma,
+        ring_device_issues,
         _env,
         _api,
         _model,
@@ -108,11 +109,25 @@ def _venv_path(path: str, venv: str | None) -> Iterator[ConfigIssue]:
         )
 
 
+def _system_python(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    for index, node in enumerate(spec.nodes):
+        if node.transport == "ssh" and node.python is None and node.venv is None:
+            yield ConfigIssue(
+                f"nodes[{index}].python",
+                "unset and no venv: the node runs `python3` from its PATH, which on a stock "
+                "Mac is Python 3.9 from the Command Line Tools (this needs 3.11 or newer)",
+                'set [bootstrap] venv = "~/.venvs/mlx-cluster" and run `orchestrator '
+                "bootstrap cluster.toml` (it builds the venv from a newer Python), or set "
+                "python to a 3.11+ interpreter with mlx",
+                "warning",
+            )
+
+
 def _addresses(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     for index, node in enumerate(spec.nodes):
         path = f"nodes[{index}].ip"
         if node.ip is None:
-            if spec.world_size > 1 and not spec.links:
+            if spec.world_size > 1 and (not spec.links or spec.cluster.backend == "jaccl"):
                 yield ConfigIssue(
                     path,
                     f"missing: the {spec.cluster.backend} backend needs the address "
@@ -135,14 +150,6 @@ def _addresses(spec: ClusterSpec) -> Iterator[ConfigIssue]:
                 path,
                 f"{node.ip} is IPv6; MLX's ring backend connects over IPv4 only",
                 "give the node's IPv4 address on the link between the nodes",
-            )
-        if spec.cluster.backend == "jaccl" and any(address in net for net in ROUTER_SUBNETS):
-            yield ConfigIssue(
-                path,
-                f"{node.ip} is in a subnet home routers use; the RDMA link's "
-                "traffic may go through the router instead",
-                "give the Thunderbolt link its own subnet, e.g. 10.0.0.0/24",
-                "warning",
             )
 
 
@@ -181,6 +188,8 @@ def _endpoints(spec: ClusterSpec) -> Iterator[ConfigIssue]:
 
 def _rdma(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     size = spec.world_size
+    if is_jaccl_ring(spec):
+        return  # the devices are on [[links]] (jaccl_devices.ring_device_issues)
     for index, node in enumerate(spec.nodes):
         path = f"nodes[{index}].rdma"
         if spec.cluster.backend != "jaccl":
@@ -197,7 +206,8 @@ def _rdma(spec: ClusterSpec) -> Iterator[ConfigIssue]:
             yield ConfigIssue(
                 path,
                 "missing: jaccl needs this node's RDMA device towards each rank",
-                f"set rdma = {example}",
+                f"set rdma = {example} (a full mesh), or describe a ring of cables with "
+                "[[links]] and their rdma",
             )
             continue
         if len(node.rdma) != size:
@@ -250,9 +260,11 @@ def _env(spec: ClusterSpec) -> Iterator[ConfigIssue]:
             elif key == rank_env.METAL_FAST_SYNCH:
                 yield ConfigIssue(
                     path,
-                    "the orchestrator already sets it for jaccl, where it is "
-                    "faster on some setups; MLX's docs say it can deadlock",
-                    "remove it unless you measured that you need it",
+                    "MLX's docs say this faster GPU-CPU sync is not reliable: it can "
+                    "deadlock and leave the GPU wedged (ml-explore/mlx#3142); it is off by "
+                    "default and best left unset",
+                    "remove it; the orchestrator does not set it, so without it MLX's safe "
+                    "default applies",
                     "warning",
                 )
 

@@ -45,6 +45,8 @@ class ApiSection(Section):
     port: Port = 8000
     # Name of the environment variable holding the API key; unset means no auth.
     api_key_env: str | None = None
+    # Serve beyond loopback although api_key_env's variable is unset (`up` refuses otherwise).
+    allow_no_key: bool = False
 
 
 class SupervisorSection(Section):
@@ -124,13 +126,18 @@ class BootstrapSection(Section):
     wheel_dir: str = "~/.cache/mlx-cluster-orchestrator/wheels"
 
 
+Pair = Annotated[list[str], Meta(min_length=2, max_length=2)]
+
+
 class LinkSpec(Section):
-    """One cable of a ring: the two nodes it joins and each one's address on it (in the
-    same order). A Thunderbolt ring of 3+ Macs has a subnet per cable, so a node has a
-    different address towards each neighbour."""
+    """One cable of a ring: the two nodes it joins and, in the same order, each end's
+    address on it (ring backend: a Thunderbolt ring of 3+ Macs has a subnet per cable, so a
+    node has a different address towards each neighbour) or each end's RDMA device (jaccl:
+    a ring of cables instead of a full mesh)."""
 
     between: Annotated[list[Name], Meta(min_length=2, max_length=2)]
-    ips: Annotated[list[str], Meta(min_length=2, max_length=2)]
+    ips: Pair | None = None  # ring: required; jaccl: optional, not used by MLX's RDMA
+    rdma: Pair | None = None  # jaccl only: "rdma_en3" on each end
 
 
 class ClusterSpec(Section):

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.config.api_auth import describe_auth, unset_key_issue
 from orchestrator.config.issues import ConfigIssue
 from orchestrator.config.links import rank_addresses
 from orchestrator.config.spec import ClusterSpec
 
 
-def summarize(spec: ClusterSpec, warnings: list[ConfigIssue], source: Path) -> str:
-    api_auth = f"key from ${spec.api.api_key_env}" if spec.api.api_key_env else "no API key"
+def summarize(
+    spec: ClusterSpec,
+    warnings: list[ConfigIssue],
+    source: Path,
+    environ: Mapping[str, str] = os.environ,
+) -> str:
+    api_auth = describe_auth(spec, environ)
+    refusal = unset_key_issue(spec, environ)  # this shell's view: `up` may run in another
+    if refusal is not None:
+        warnings = [*warnings, refusal]
     lines = [
         f"{source}: valid",
         f"  cluster   {spec.cluster.name}: {spec.cluster.backend} backend, "

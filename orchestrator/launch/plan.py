@@ -2,8 +2,10 @@
 
 This is what `mlx.launch` would do, done by us so each rank is a process we own:
 ring ranks get MLX_RANK and MLX_HOSTFILE (JSON `[["ip:port"], ...]`, one list per rank);
-jaccl ranks get MLX_RANK, MLX_JACCL_COORDINATOR, MLX_IBV_DEVICES (the JSON matrix of
-device names, null on the diagonal) and MLX_METAL_FAST_SYNCH=1.
+jaccl ranks get MLX_RANK, MLX_JACCL_COORDINATOR and MLX_IBV_DEVICES (the JSON matrix of
+device names, null on the diagonal; see config/links.py for a ring of cables, which adds
+MLX_JACCL_RING). Never MLX_METAL_FAST_SYNCH: MLX's docs (ml-explore/mlx#4005) say it can
+deadlock and leave the GPU wedged, so it is off unless [nodes.env] sets it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from contract.fingerprint import NodeFingerprint, ranks_on_machine
 from contract.placement import Placement
 from contract.settings import RankSettings, encode_settings
 from orchestrator.config import ClusterSpec, NodeSpec
+from orchestrator.config.jaccl_devices import device_matrix, wants_ring_flag
 from orchestrator.config.links import rank_addresses
 
 RUNS_DIR = "~/.cache/mlx-cluster-orchestrator/runs"
@@ -76,7 +79,7 @@ def build_plan(
     elif spec.cluster.backend == "ring":
         files[rank_env.HOSTFILE_NAME] = json.dumps(_hostfile(spec))
     else:
-        files[rank_env.DEVICES_FILE] = json.dumps([node.rdma for node in spec.nodes])
+        files[rank_env.DEVICES_FILE] = json.dumps(device_matrix(spec))
     ranks = [
         RankLaunch(
             rank=rank,
@@ -123,7 +126,8 @@ def _env(
     else:
         env[rank_env.JACCL_COORDINATOR] = f"{spec.nodes[0].rank_ip}:{spec.cluster.rank_port}"
         env[rank_env.IBV_DEVICES] = rank_env.DEVICES_FILE
-        env.setdefault(rank_env.METAL_FAST_SYNCH, "1")
+        if wants_ring_flag(spec):  # as `mlx.launch --backend jaccl-ring` does
+            env[rank_env.JACCL_RING] = "1"
     return env
 
 

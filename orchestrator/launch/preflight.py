@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from contract.fingerprint import NodeFingerprint
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec
+from orchestrator.config.jaccl_devices import node_devices
 from orchestrator.config.links import rank_addresses
+from orchestrator.launch.preflight_macs import mac_preflight
 from orchestrator.placement.decide import Refusal, place
 
 GIB = 1024**3
@@ -50,6 +52,7 @@ def run_preflight(
         placement = place(spec, fingerprints)
     checks = (_versions, _model, _memory_caps, _addresses, _jaccl)
     failures = [failure for check in checks for failure in check(spec, fingerprints)]
+    failures += [PreflightFailure(*found) for found in mac_preflight(spec, fingerprints)]
     if isinstance(placement, Refusal):
         failures.append(
             PreflightFailure(placement.node, placement.check, placement.found, placement.fix)
@@ -190,12 +193,13 @@ def _addresses(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFai
 def _jaccl(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
     if spec.cluster.backend != "jaccl":
         return
+    jaccl_devices = {name: [d.device for d in found] for name, found in node_devices(spec).items()}
     for node in spec.nodes:
-        yield from _jaccl_node(node.name, node.rdma or [], prints[node.name])
+        yield from _jaccl_node(node.name, jaccl_devices[node.name], prints[node.name])
 
 
 def _jaccl_node(
-    name: str, devices: list[str | None], fingerprint: NodeFingerprint
+    name: str, devices: list[str], fingerprint: NodeFingerprint
 ) -> Iterator[PreflightFailure]:
     if fingerprint.os.system != "Darwin":
         yield PreflightFailure(

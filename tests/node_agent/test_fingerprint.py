@@ -10,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from contract.fingerprint import MemoryInfo, NodeFingerprint, OsInfo, PythonInfo
+from node_agent import fingerprint
 from node_agent.fingerprint import collect_fingerprint, probe_rdma
+from node_agent.probes import macos
 from node_agent.probes.tools import run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +106,47 @@ def test_missing_tool_is_a_reason_not_a_crash() -> None:
     out = run_tool(["definitely-not-a-tool-xyz"])
     assert out.stdout is None and "not found on PATH" in (out.reason or "")
     assert shutil.which("sw_vers") is None  # the macOS parsers are covered by fixtures instead
+
+
+def test_working_set_probe_runs_mlx_in_the_nodes_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent asks its own Python (the ranks' mlx) for Metal's working set, once per
+    wired limit; where MLX has no Metal (this Linux machine: {}) it is a reason."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "sysctl", "echo 0\n")
+    _tool(bin_dir, "fake-python", f"cat {FIXTURES / 'mlx_device_info_m5max_128gb.txt'}\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(fingerprint, "_working_sets", {})
+    real_python = sys.executable
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "fake-python"))
+    unavailable: dict[str, str] = {}
+    assert fingerprint._working_set(unavailable) == 115448725504 and unavailable == {}
+    monkeypatch.setattr(sys, "executable", real_python)  # cached: not rerun
+    assert fingerprint._working_set(unavailable) == 115448725504
+    monkeypatch.setattr(fingerprint, "_working_sets", {})
+    with pytest.raises(ValueError, match="max_recommended_working_set_size"):
+        fingerprint._working_set(unavailable)  # the agent's guard turns it into a reason
+
+
+def test_usable_memory_follows_the_wired_limit_then_the_working_set() -> None:
+    """macOS: iogpu.wired_limit_mb when set, else Metal's working set (recorded 128 GB M5
+    Max: 84%), else 75% of RAM; never more than is available."""
+    ram = 137438953472
+    base = NodeFingerprint(
+        hostname="m",
+        os=OsInfo(system="Darwin", name="macOS", version="26.2", kernel="25.2.0"),
+        arch="arm64",
+        memory=MemoryInfo(total_bytes=ram, available_bytes=130 * 2**30),
+        python=PythonInfo(version="3.12.8", executable="/p", implementation="CPython"),
+    )
+    working_set = macos.parse_working_set_bytes(
+        (FIXTURES / "mlx_device_info_m5max_128gb.txt").read_text()
+    )
+    replace = msgspec.structs.replace
+    assert replace(base, gpu_working_set_bytes=working_set).usable_memory_bytes() == working_set
+    assert base.usable_memory_bytes() == int(ram * 0.75)
+    limited = replace(base, gpu_working_set_bytes=working_set, gpu_wired_limit_mb=120000)
+    assert limited.usable_memory_bytes() == 120000 * 2**20
+    assert replace(base, gpu_wired_limit_mb=200000).usable_memory_bytes() == 130 * 2**30

@@ -133,3 +133,33 @@ def test_vm_stat_wired_bytes() -> None:
     assert macos.parse_vm_stat_wired(text) == 400018 * 16384
     with pytest.raises(ValueError):
         macos.parse_vm_stat_wired("Pages free: 3.\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "working_set", "share_of_ram"),
+    [
+        ("mlx_device_info_m4pro_48gb.txt", 40200896512, 0.78),
+        ("mlx_device_info_m5max_128gb.txt", 115448725504, 0.84),
+        ("mlx_metal_device_info_m2ultra.txt", 188743680000, None),
+    ],
+)
+def test_metal_working_set_from_mlx_device_info(
+    name: str, working_set: int, share_of_ram: float | None
+) -> None:
+    """Metal's recommended working set, from MLX's printed device info (mx.device_info and
+    the older mx.metal.device_info); not a fixed share of RAM (78% on 48 GB, 84% on 128 GB)."""
+    text = fixture(name)
+    assert macos.parse_working_set_bytes(text) == working_set
+    if share_of_ram is not None:
+        memory = int(text.split("'memory_size': ")[1].split(",")[0])
+        assert round(working_set / memory, 2) == share_of_ram
+
+
+def test_metal_working_set_skips_warnings_and_refuses_garbage() -> None:
+    """A deprecation line before the dict is skipped; no dict, or none with the key (Linux's
+    CPU-only MLX prints {}), is an error, never a guess."""
+    text = "mx.metal.device_info is deprecated\n" + fixture("mlx_device_info_m4pro_48gb.txt")
+    assert macos.parse_working_set_bytes(text) == 40200896512
+    for bad in ("{}\n", "Traceback (most recent call last):\n", "{'device_name': 'x'}\n"):
+        with pytest.raises(ValueError):
+            macos.parse_working_set_bytes(bad)

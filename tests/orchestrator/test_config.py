@@ -230,10 +230,10 @@ BROKEN = [
         "IPv6",
     ),
     (
-        "links on jaccl",
+        "jaccl links without devices",
         JACCL_PAIR + '[[links]]\nbetween = ["a", "b"]\nips = ["10.0.1.1", "10.0.1.2"]\n',
-        "links",
-        "only used by the ring backend",
+        "links[0].rdma",
+        "missing: a jaccl ring names each end's RDMA device",
     ),
     (
         "jaccl without rdma",
@@ -327,15 +327,21 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_warnings_do_not_fail(tmp_path: Path) -> None:
-    """Router subnets on a jaccl link and MLX_METAL_FAST_SYNCH warn but load."""
+    """Router subnets on a cable, MLX_METAL_FAST_SYNCH (MLX: can deadlock) and a bare python3
+    over SSH warn but load; a jaccl node's LAN ip (the coordinator) does not warn."""
     text = (
         JACCL_PAIR.replace("10.0.0.1", "192.168.1.10") + '[nodes.env]\nMLX_METAL_FAST_SYNCH = "1"\n'
     )
-    _spec, warnings = check_cluster_file(write(tmp_path, text))
+    spec, warnings = check_cluster_file(write(tmp_path, text))
     assert {warning.path for warning in warnings} == {
-        "nodes[0].ip",
         "nodes[1].env.MLX_METAL_FAST_SYNCH",
+        "nodes[1].python",
     }
+    assert "deadlock and leave the GPU wedged" in warnings[0].message + warnings[1].message
+    assert "MLX_METAL_FAST_SYNCH" not in build_plan(spec, "L1").ranks[0].env
+    ring = RING_OF_THREE.replace("10.0.1.1", "192.168.1.1")
+    _spec, warnings = check_cluster_file(write(tmp_path, ring))
+    assert [warning.path for warning in warnings] == ["links[0].ips[0]"]
     assert all(warning.severity == "warning" for warning in warnings)
 
 
@@ -431,7 +437,7 @@ def test_all_interfaces_without_a_key_warns(tmp_path: Path) -> None:
 
 def test_missing_identity_file_warns_here_and_is_named_at_connect(tmp_path: Path) -> None:
     """validate warns (another machine may have the key); connecting names field and file."""
-    text = '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "me@127.0.0.1"\n'
+    text = '[[nodes]]\nname = "a"\ntransport = "ssh"\nssh = "me@127.0.0.1"\npython = "python3"\n'
     spec, warnings = check_cluster_file(write(tmp_path, text + 'identity_file = "/nope/id"\n'))
     assert [(w.path, w.severity) for w in warnings] == [("nodes[0].identity_file", "warning")]
     with pytest.raises(TransportError) as caught:

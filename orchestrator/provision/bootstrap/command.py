@@ -249,6 +249,32 @@ def _wheel_fix(platform: NodePlatform) -> str:
     )
 
 
+def _nothing_to_bootstrap(spec: ClusterSpec, chosen: list[NodeSpec]) -> str:
+    """Why no node has a venv: [bootstrap] venv unset, or every node names its own python
+    (or is local), which [bootstrap] venv leaves alone."""
+    if spec.bootstrap.venv is None:
+        return (
+            "nothing to bootstrap: no node has a venv\n    fix: set [bootstrap] venv = "
+            '"~/.venvs/mlx-cluster" (every ssh node without its own python), or venv = '
+            '"..." in a [[nodes]] table'
+        )
+    own = [node.name for node in chosen if node.python]
+    local = [node.name for node in chosen if node.transport == "local" and not node.python]
+    why = "; ".join(
+        part
+        for part in (
+            f"{', '.join(own)} set{'s' if len(own) == 1 else ''} python" if own else "",
+            f"{', '.join(local)} {'is' if len(local) == 1 else 'are'} local" if local else "",
+        )
+        if part
+    )
+    return (
+        f"nothing to bootstrap: [bootstrap] venv applies only to ssh nodes that set no python "
+        f"({why})\n    fix: remove python from those [[nodes]] tables so they get "
+        f"{spec.bootstrap.venv}, or set venv = \"...\" in a node's table"
+    )
+
+
 def bootstrap(
     spec: ClusterSpec,
     *,
@@ -264,12 +290,7 @@ def bootstrap(
     chosen = [node for node in spec.nodes if not only or node.name in only]
     targets = [node for node in chosen if node.venv]
     if not targets:
-        print(
-            "nothing to bootstrap: no node has a venv\n    fix: set [bootstrap] venv = "
-            '"~/.venvs/mlx-cluster" (every ssh node without its own python), or venv = '
-            '"..." in a [[nodes]] table',
-            file=sys.stderr,
-        )
+        print(_nothing_to_bootstrap(spec, chosen), file=sys.stderr)
         return EXIT_CONFIG
     run = Bootstrap(spec, cache_root(wheel_cache), dry_run)
     started = time.monotonic()
