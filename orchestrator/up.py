@@ -28,12 +28,12 @@ from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
+from orchestrator.launch.plan_command import describe
 from orchestrator.launch.preflight import run_preflight
 from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
-from orchestrator.provision.sync.command import sync_before_up
-from orchestrator.launch.plan_command import describe
 from orchestrator.placement.decide import place
+from orchestrator.provision.sync.command import sync_before_up
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,

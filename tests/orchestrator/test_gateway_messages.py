@@ -13,7 +13,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from orchestrator.gateway import app as gateway_app
-from orchestrator.metrics import OrchestratorMetrics
+from orchestrator.supervision.metrics import OrchestratorMetrics
 from tests.orchestrator.test_gateway_unit import KEY, FakeView, Handler, fake_rank0, sse, status
 
 BODY = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
