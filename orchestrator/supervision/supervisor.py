@@ -4,7 +4,9 @@
        ▲                                          │ first failure
        │                                          ▼
     backoff (+ cause cool-down) ◀── stop every rank, confirm none left, ──▶ budget spent: failed
-                                    root cause among the reports so far
+       │                            root cause among the reports so far
+       │                                          │ a node does not answer
+       └──── relaunch at once, no restart spent ◀─ waiting (up to node_wait_s, then failed)
 
 As in torch.distributed.elastic's agent, each gang's end comes back as a value (a
 `GangResult`: every rank failure and the root cause), and `run()` returns a `RunResult`.
@@ -16,6 +18,7 @@ gateway, `/status`) see a `SupervisorSnapshot`, never the live objects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -30,6 +33,7 @@ from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, GangResult, RankFailure, RunResult
 from orchestrator.supervision.monitor import GangMonitor
+from orchestrator.supervision.node_wait import NodeAnswers, NodeWait
 from orchestrator.supervision.progress import ProgressWatch, ServingSample
 from orchestrator.supervision.restart_policy import RestartPolicy
 from orchestrator.supervision.snapshot import SupervisorSnapshot, Upstream
@@ -42,6 +46,11 @@ FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that alr
 WATCH_S = 1.0
 HISTORY = 20  # gang failures kept for status
 LINK_RETRY_S = 1.0  # between reachability checks while a link is down
+NODE_RETRY_S = 2.0  # between attempts to reach a node that is away
+# A node that has not confirmed its ranks' stop this long after their grace is taken as
+# away: its ranks are reaped by PID once it answers again (see `end_stale_ranks`).
+STOP_ANSWER_S = 5.0
+LEFTOVERS_S = 5.0
 # Standby ranks start once the gang has been ready this long and rank 0 has no request,
 # so their start-up (seconds of CPU per node) does not slow the first requests; under
 # constant load they start anyway after STANDBY_BUSY_AFTER_S.
@@ -68,6 +77,12 @@ class Links(Protocol):
     async def unwatch(self) -> None: ...
 
 
+class Answers(Protocol):
+    """Which nodes cannot be reached now (node_wait.NodeAnswers; a fake in unit tests)."""
+
+    async def away(self, names: list[str]) -> dict[str, str]: ...
+
+
 class Supervisor:
     def __init__(
         self,
@@ -80,6 +95,7 @@ class Supervisor:
         new_gang: Callable[[], Gang],
         *,
         links: Links | None = None,
+        answers: Answers | None = None,
         on_launch: Callable[[Gang], None] = lambda gang: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -87,6 +103,7 @@ class Supervisor:
         self.spec, self.pool, self.metrics, self.machine = spec, pool, metrics, machine
         self.monitor, self.probe, self._new_gang = monitor, probe, new_gang
         self.links = links
+        self.answers: Answers = answers or NodeAnswers(pool)
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
         self.policy = RestartPolicy(spec.supervisor, clock)
         self.gang: Gang | None = None
@@ -233,8 +250,11 @@ class Supervisor:
             ]
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())
-        if not await self._links_ready():
+        lost = await self._links_ready()
+        if lost is None:
             return []  # a stop request came while the links were down
+        if lost:
+            return lost
         gang = self.gang = self._next_gang or self._new_gang()
         self._next_gang = None
         self.monitor.watch(gang)
@@ -256,22 +276,33 @@ class Supervisor:
             for f in spawn_failures
         ]
 
-    async def _links_ready(self) -> bool:
-        """Until every link between ranks answers (True) or a stop request (False): a gang
-        launched over a dead cable would only hang in its ring set-up."""
+    async def _links_ready(self) -> list[RankFailure] | None:
+        """Wait (state `waiting`) until every link between ranks answers ([]), a node at
+        either end stops answering (its failure: the node is waited for instead), or a
+        stop request (None): a gang launched over a dead cable would only hang in its ring
+        set-up."""
         counted = False
         while self.links is not None:
             failures = await self.links.check()
             if not failures:
                 break
+            ends = list(dict.fromkeys(name for f in failures for name in (f.src, f.dst)))
+            away = await self.answers.away(ends)
+            if away:
+                return [
+                    RankFailure(Cause.AGENT_LOST, name, None, error, self._clock())
+                    for name, error in away.items()
+                ]
             if not counted:  # the relaunch's own preflight: one count per relaunch and link
                 self.metrics.preflight_failures.labels(check="links").inc(len(failures))
                 counted = True
             waiting = "; ".join(f"{f.src} -> {f.dst} {f.address}: {f.error}" for f in failures)
-            self.machine.to(self.state, f"waiting for links: {waiting}")
+            self.machine.to(GangState.WAITING, f"waiting for links: {waiting}")
             if await self._stop_within(self._sleep(LINK_RETRY_S)):
-                return False
-        return True
+                return None
+        if self.state == GangState.WAITING:
+            self.machine.to(GangState.LAUNCHING, "every link answers again")
+        return []
 
     async def _start_standby_when_due(self, sample: ServingSample | None) -> None:
         """Start the next launch's ranks as standbys, once per gang, when due (see above)."""
@@ -334,6 +365,9 @@ class Supervisor:
                 f"{failure.summary()}; no restart can fix that: fix the node or cluster.toml, "
                 "then `orchestrator restart`"
             )
+        away = await self.answers.away(list(self.pool.nodes))
+        if away:
+            return await self._wait_for_nodes(away)
         if self.policy.budget_exhausted():
             window = self.spec.supervisor.restart_window_s
             hint = (
@@ -355,6 +389,25 @@ class Supervisor:
         log.info("backoff %.1f s (restart %d, cause %s): relaunching in %.1f s",
                  delay, self.restarts, failure.cause, wait)
         return not await self._stop_within(self._sleep(wait))
+
+    async def _wait_for_nodes(self, away: dict[str, str]) -> bool:
+        """Wait (state `waiting`) until every node answers again (True: relaunch now, no
+        restart spent), one has been away past node_wait_s (failed), or a stop (False)."""
+        wait = NodeWait(self.spec.supervisor.node_wait_s, self._clock)
+        while away:
+            if away.keys() != wait.since.keys():
+                log.warning("unreachable: %s", "; ".join(f"{n}: {e}" for n, e in away.items()))
+            wait.update(away)
+            for name in away:
+                self.metrics.node_up.labels(node=name).set(0)
+            if wait.overdue():
+                return await self._wait_while_failed(wait.failed_reason())
+            self.machine.to(GangState.WAITING, wait.reason())
+            if await self._stop_within(self._sleep(NODE_RETRY_S)):
+                return False
+            away = await self.answers.away(list(self.pool.nodes))
+        log.info("every node answers again: relaunching at once, no restart spent")
+        return True
 
     async def _wait_while_failed(self, reason: str) -> bool:
         """Failed until `orchestrator restart` (True) or a stop request (False)."""
@@ -381,11 +434,20 @@ class Supervisor:
             grace_s = self.spec.supervisor.stop_grace_s
         if self.links is not None:
             await self.links.unwatch()
-        await gang.stop(0.0 if self._force else grace_s)
-        leftovers = await gang.leftovers()
+        grace_s = 0.0 if self._force else grace_s
+        try:
+            await asyncio.wait_for(gang.stop(grace_s), grace_s + STOP_ANSWER_S)
+        except TimeoutError:
+            log.warning("a node did not confirm its ranks' stop within %g s (away?): they "
+                        "are ended by PID once it answers again", grace_s + STOP_ANSWER_S)
+        try:
+            leftovers = await asyncio.wait_for(gang.leftovers(), LEFTOVERS_S)
+        except TimeoutError:
+            leftovers = []
         if leftovers:
             log.error("ranks still running after stop: %s; killing", ", ".join(leftovers))
-            await gang.stop(0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gang.stop(0.0), STOP_ANSWER_S)
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
 
