@@ -24,7 +24,9 @@ AWAY_KINDS = frozenset(
     {ErrorKind.DNS, ErrorKind.REFUSED, ErrorKind.UNREACHABLE, ErrorKind.TIMEOUT,
      ErrorKind.AGENT_LOST}
 )
-PING_S = 5.0  # a connected agent that does not answer a ping this fast is taken as away
+# A connected agent answers a ping in milliseconds; one that does not within PING_S is taken
+# as away (a mistake costs only a retry NODE_RETRY_S later, no restart).
+PING_S = 3.0
 CONNECT_S = 20.0  # bounds one reconnect (SSH connect, deploy check, agent start)
 
 
@@ -70,9 +72,13 @@ class NodeWait:
     since_wall: dict[str, str] = field(default_factory=dict)  # the same, as a time of day
     errors: dict[str, str] = field(default_factory=dict)  # node -> latest error
 
-    def update(self, away: dict[str, str]) -> None:
-        now, today = self.clock(), time.strftime("%H:%M:%S", time.localtime(self.wall()))
-        self.since = {name: self.since.get(name, now) for name in away}
+    def update(self, away: dict[str, str], since: float | None = None) -> None:
+        """The nodes away now; a node newly away counts from `since` (the failure that
+        revealed it, on the monotonic clock), else from now."""
+        now = self.clock()
+        at = now if since is None else min(since, now)
+        today = time.strftime("%H:%M:%S", time.localtime(self.wall() - (now - at)))
+        self.since = {name: self.since.get(name, at) for name in away}
         self.since_wall = {name: self.since_wall.get(name, today) for name in away}
         self.errors = dict(away)
 

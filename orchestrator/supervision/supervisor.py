@@ -367,7 +367,7 @@ class Supervisor:
             )
         away = await self.answers.away(list(self.pool.nodes))
         if away:
-            return await self._wait_for_nodes(away)
+            return await self._wait_for_nodes(away, min(f.at for f in result.failures))
         if self.policy.budget_exhausted():
             window = self.spec.supervisor.restart_window_s
             hint = (
@@ -390,14 +390,15 @@ class Supervisor:
                  delay, self.restarts, failure.cause, wait)
         return not await self._stop_within(self._sleep(wait))
 
-    async def _wait_for_nodes(self, away: dict[str, str]) -> bool:
+    async def _wait_for_nodes(self, away: dict[str, str], since: float) -> bool:
         """Wait (state `waiting`) until every node answers again (True: relaunch now, no
-        restart spent), one has been away past node_wait_s (failed), or a stop (False)."""
+        restart spent), one has been away past node_wait_s (failed), or a stop (False).
+        `since`: when the failure that revealed them was noticed."""
         wait = NodeWait(self.spec.supervisor.node_wait_s, self._clock)
         while away:
             if away.keys() != wait.since.keys():
                 log.warning("unreachable: %s", "; ".join(f"{n}: {e}" for n, e in away.items()))
-            wait.update(away)
+            wait.update(away, since if not wait.waiting else None)
             for name in away:
                 self.metrics.node_up.labels(node=name).set(0)
             if wait.overdue():
@@ -438,12 +439,16 @@ class Supervisor:
         try:
             await asyncio.wait_for(gang.stop(grace_s), grace_s + STOP_ANSWER_S)
         except TimeoutError:
+            # Asking that node for leftovers would only wait as long again: every rank
+            # whose stop was not confirmed is reaped by PID before the next launch.
             log.warning("a node did not confirm its ranks' stop within %g s (away?): they "
                         "are ended by PID once it answers again", grace_s + STOP_ANSWER_S)
-        try:
-            leftovers = await asyncio.wait_for(gang.leftovers(), LEFTOVERS_S)
-        except TimeoutError:
             leftovers = []
+        else:
+            try:
+                leftovers = await asyncio.wait_for(gang.leftovers(), LEFTOVERS_S)
+            except TimeoutError:
+                leftovers = []
         if leftovers:
             log.error("ranks still running after stop: %s; killing", ", ".join(leftovers))
             with contextlib.suppress(TimeoutError):

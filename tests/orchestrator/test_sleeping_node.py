@@ -106,6 +106,9 @@ def test_a_worker_asleep_for_60_s_is_waited_for_and_serves_again(
             f"serving {served_at - woke_at:.1f} s after it woke; restarts spent "
             f"{after['restarts']:g} (metrics total {restarts_total(url):g})"
         )
+        for at, line in orchestrator.lines:  # the timeline, shown with -s
+            if at > frozen_at and any(k in line for k in ("state ", "failure:", "unreachable")):
+                print(f"  {at - frozen_at:6.1f} s  {line[-160:]}")
         assert reason.startswith("waiting for node h1: unreachable since "), reason
         assert after["state"] == "ready" and after["restarts"] == 0, after
         assert restarts_total(url) == 0
