@@ -13,8 +13,7 @@ marked unreachable there, so nothing can leak out of the machine). Every name ca
 per-run prefix; `multi_host()` removes every namespace, link, bridge, route and process
 it made, also when the test fails. Faults (`link_down`, `drop_all`, `shape`) apply to data
 links only, so SSH keeps working while a cable is cut. This machine's kernel has tbf but
-not netem, so loss is "drop every packet" and there is no added delay. `freeze` is the
-exception: a host gone to sleep, every link down and every process stopped.
+not netem, so loss is "drop every packet" and there is no added delay.
 
 Namespaces share one file system. A host given a `PrivateTmpfs` runs its sshd (and so
 everything started over SSH) in its own mount namespace with a tmpfs of that size at that
@@ -169,34 +168,6 @@ class MultiHost:
     def clear(self, i: int, j: int | None = None) -> None:
         for ns, dev in self._ends(i, j):
             sh(*_tc(ns), "qdisc", "del", "dev", dev, "root", check=False)
-
-    def freeze(self, i: int) -> list[int]:
-        """Host i as a Mac gone to sleep: every link down (data and management, so SSH too)
-        and every process in it (sshd, agent, ranks) stopped with SIGSTOP, by PID. Returns
-        those PIDs for `thaw`."""
-        self.link_down(i, None if self.topology == "switch" else (i + 1) % len(self.hosts))
-        if self.topology == "ring":
-            self.link_down(i, (i - 1) % len(self.hosts))
-        self._mgmt(i, "down")
-        pids = self.hosts[i].pids()
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).suspend()
-        return pids
-
-    def thaw(self, i: int, pids: list[int]) -> None:
-        """Host i awake again: its processes continued (SIGCONT), its links up."""
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).resume()
-        self._mgmt(i, "up")
-        self.link_up(i, None if self.topology == "switch" else (i + 1) % len(self.hosts))
-        if self.topology == "ring":
-            self.link_up(i, (i - 1) % len(self.hosts))
-
-    def _mgmt(self, i: int, updown: str) -> None:
-        sh(IP, "-n", self.hosts[i].ns, "link", "set", "mgmt", updown)
-        sh(IP, "link", "set", f"{self.prefix}m{i}", updown)
 
     def shape_mgmt(self, i: int, rate: str | None) -> None:
         """Limit host i's management link (its SSH) to rate each way; None lifts it."""

@@ -1,12 +1,12 @@
 """Launches the gang, watches it, and restarts the whole gang when any part of it fails.
 
     launch ──▶ wait for rank 0 healthy ──▶ ready: watch exits, lost agents, progress
-       ▲                                          │ first failure
-       │                                          ▼
-    backoff (+ cause cool-down) ◀── stop every rank, confirm none left, ──▶ budget spent: failed
-       │                            root cause among the reports so far
-       │                                          │ a node does not answer
-       └──── relaunch at once, no restart spent ◀─ waiting (up to node_wait_s, then failed)
+      ▲                                           │ first failure
+      │                                           ▼
+      │     stop every rank, confirm none left, root cause among the reports so far
+      ├──── a node away: waiting, no restart spent ─────────── past node_wait_s ──┐
+      ├──── ebusy: end our holders of the RDMA devices, one retry ── held by others ┤
+      └──── else: backoff (+ cause cool-down) ───────────────── budget spent ───────┴─▶ failed
 
 As in torch.distributed.elastic's agent, each gang's end comes back as a value (a
 `GangResult`: every rank failure and the root cause), and `run()` returns a `RunResult`.
@@ -18,26 +18,27 @@ gateway, `/status`) see a `SupervisorSnapshot`, never the live objects.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
-from orchestrator.launch.reachability import LinkFailure
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, GangResult, RankFailure, RunResult
+from orchestrator.supervision.gang_stop import stop_gang
+from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.monitor import GangMonitor
-from orchestrator.supervision.node_wait import NodeAnswers, NodeWait
+from orchestrator.supervision.node_wait import NodeAnswers
 from orchestrator.supervision.progress import ProgressWatch, ServingSample
+from orchestrator.supervision.rdma_holders import AgentHolders, end_our_holders, failed_reason
 from orchestrator.supervision.restart_policy import RestartPolicy
 from orchestrator.supervision.snapshot import SupervisorSnapshot, Upstream
 from orchestrator.supervision.state import GangState, StateMachine
+from orchestrator.supervision.waits import Waits
 from orchestrator.transports.pool import NodePool
 
 log = logging.getLogger(__name__)
@@ -45,42 +46,12 @@ log = logging.getLogger(__name__)
 FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that already failed
 WATCH_S = 1.0
 HISTORY = 20  # gang failures kept for status
-LINK_RETRY_S = 1.0  # between reachability checks while a link is down
-NODE_RETRY_S = 2.0  # between attempts to reach a node that is away
-# A node that has not confirmed its ranks' stop this long after their grace is taken as
-# away: its ranks are reaped by PID once it answers again (see `end_stale_ranks`).
-STOP_ANSWER_S = 5.0
-LEFTOVERS_S = 5.0
 # Standby ranks start once the gang has been ready this long and rank 0 has no request,
 # so their start-up (seconds of CPU per node) does not slow the first requests; under
 # constant load they start anyway after STANDBY_BUSY_AFTER_S.
 STANDBY_AFTER_S = 3.0
 STANDBY_BUSY_AFTER_S = 60.0
 WAKE_EVERY_S = 0.1  # the most often the gateway's requests wake the workers
-
-
-class Probe(Protocol):
-    """Rank 0 as the loop sees it (progress.Rank0Probe over HTTP; a fake in unit tests)."""
-
-    async def healthy(self, base_url: str, timeout_s: float) -> bool: ...
-
-    async def sample(self, base_url: str) -> ServingSample | None: ...
-
-
-class Links(Protocol):
-    """The links between ranks (launch.reachability.LinkChecks; a fake in unit tests)."""
-
-    async def check(self) -> list[LinkFailure]: ...
-
-    async def watch(self) -> None: ...
-
-    async def unwatch(self) -> None: ...
-
-
-class Answers(Protocol):
-    """Which nodes cannot be reached now (node_wait.NodeAnswers; a fake in unit tests)."""
-
-    async def away(self, names: list[str]) -> dict[str, str]: ...
 
 
 class Supervisor:
@@ -96,6 +67,7 @@ class Supervisor:
         *,
         links: Links | None = None,
         answers: Answers | None = None,
+        holders: Holders | None = None,
         on_launch: Callable[[Gang], None] = lambda gang: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -104,6 +76,11 @@ class Supervisor:
         self.monitor, self.probe, self._new_gang = monitor, probe, new_gang
         self.links = links
         self.answers: Answers = answers or NodeAnswers(pool)
+        self.holders: Holders = holders or AgentHolders(pool)
+        self.waits = Waits(spec.supervisor.node_wait_s, machine, metrics, links, self.answers,
+                           clock, lambda seconds: self._stop_within(self._sleep(seconds)))
+        self._launch_ids: set[str] = set()  # every launch of this run: its ranks are ours
+        self._ebusy_retried = False  # the one retry after EBUSY, until a gang is ready
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
         self.policy = RestartPolicy(spec.supervisor, clock)
         self.gang: Gang | None = None
@@ -221,6 +198,7 @@ class Supervisor:
             if self.history:
                 self.metrics.recovery.observe(self._clock() - self.history[-1].root.at)
             self._ready_since = self._clock()
+            self._ebusy_retried = False
             self.machine.to(
                 GangState.READY, f"serving at http://{self.spec.api.host}:{self.spec.api.port}/v1"
             )
@@ -250,13 +228,14 @@ class Supervisor:
             ]
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())
-        lost = await self._links_ready()
+        lost = await self.waits.links()
         if lost is None:
             return []  # a stop request came while the links were down
         if lost:
             return lost
         gang = self.gang = self._next_gang or self._new_gang()
         self._next_gang = None
+        self._launch_ids.add(gang.launch_id)
         self.monitor.watch(gang)
         log.info("launching %d ranks, launch %s", self.spec.world_size, gang.launch_id)
         try:
@@ -276,34 +255,6 @@ class Supervisor:
             for f in spawn_failures
         ]
 
-    async def _links_ready(self) -> list[RankFailure] | None:
-        """Wait (state `waiting`) until every link between ranks answers ([]), a node at
-        either end stops answering (its failure: the node is waited for instead), or a
-        stop request (None): a gang launched over a dead cable would only hang in its ring
-        set-up."""
-        counted = False
-        while self.links is not None:
-            failures = await self.links.check()
-            if not failures:
-                break
-            ends = list(dict.fromkeys(name for f in failures for name in (f.src, f.dst)))
-            away = await self.answers.away(ends)
-            if away:
-                return [
-                    RankFailure(Cause.AGENT_LOST, name, None, error, self._clock())
-                    for name, error in away.items()
-                ]
-            if not counted:  # the relaunch's own preflight: one count per relaunch and link
-                self.metrics.preflight_failures.labels(check="links").inc(len(failures))
-                counted = True
-            waiting = "; ".join(f"{f.src} -> {f.dst} {f.address}: {f.error}" for f in failures)
-            self.machine.to(GangState.WAITING, f"waiting for links: {waiting}")
-            if await self._stop_within(self._sleep(LINK_RETRY_S)):
-                return None
-        if self.state == GangState.WAITING:
-            self.machine.to(GangState.LAUNCHING, "every link answers again")
-        return []
-
     async def _start_standby_when_due(self, sample: ServingSample | None) -> None:
         """Start the next launch's ranks as standbys, once per gang, when due (see above)."""
         if not self.spec.supervisor.standby_ranks or self._next_gang is not None:
@@ -312,6 +263,7 @@ class Supervisor:
         idle = sample is not None and sample.running == 0 and sample.waiting == 0
         if (idle and ready_for >= STANDBY_AFTER_S) or ready_for >= STANDBY_BUSY_AFTER_S:
             self._next_gang = self._new_gang()
+            self._launch_ids.add(self._next_gang.launch_id)
             await self._next_gang.start_standby()
 
     async def _until_healthy(self) -> RankFailure | None:
@@ -367,7 +319,13 @@ class Supervisor:
             )
         away = await self.answers.away(list(self.pool.nodes))
         if away:
-            return await self._wait_for_nodes(away, min(f.at for f in result.failures))
+            since = min(f.at for f in result.failures)
+            outcome = await self.waits.nodes(list(self.pool.nodes), away, since)
+            if outcome is None:
+                return False
+            return await self._wait_while_failed(outcome) if outcome else True
+        if failure.cause == Cause.EBUSY:
+            return await self._clear_ebusy(failure, min(f.at for f in result.failures))
         if self.policy.budget_exhausted():
             window = self.spec.supervisor.restart_window_s
             hint = (
@@ -390,25 +348,19 @@ class Supervisor:
                  delay, self.restarts, failure.cause, wait)
         return not await self._stop_within(self._sleep(wait))
 
-    async def _wait_for_nodes(self, away: dict[str, str], since: float) -> bool:
-        """Wait (state `waiting`) until every node answers again (True: relaunch now, no
-        restart spent), one has been away past node_wait_s (failed), or a stop (False).
-        `since`: when the failure that revealed them was noticed."""
-        wait = NodeWait(self.spec.supervisor.node_wait_s, self._clock)
-        while away:
-            if away.keys() != wait.since.keys():
-                log.warning("unreachable: %s", "; ".join(f"{n}: {e}" for n, e in away.items()))
-            wait.update(away, since if not wait.waiting else None)
-            for name in away:
-                self.metrics.node_up.labels(node=name).set(0)
-            if wait.overdue():
-                return await self._wait_while_failed(wait.failed_reason())
-            self.machine.to(GangState.WAITING, wait.reason())
-            if await self._stop_within(self._sleep(NODE_RETRY_S)):
-                return False
-            away = await self.answers.away(list(self.pool.nodes))
-        log.info("every node answers again: relaunching at once, no restart spent")
-        return True
+    async def _clear_ebusy(self, failure: RankFailure, first: float) -> bool:
+        """EBUSY: end the RDMA devices' holders that are ours and retry once, after the
+        cool-down and without spending a restart; fail naming the holders that are not
+        ours, or when the retry meets EBUSY again (waiting cannot free a device)."""
+        nodes = list(self.pool.nodes)
+        reason = await end_our_holders(self.holders, nodes, self._launch_ids, failure.summary())
+        if reason or self._ebusy_retried:
+            return await self._wait_while_failed(reason or failed_reason(failure.summary()))
+        self._ebusy_retried = True
+        # Counted from the failure, as the backoff is: stopping the gang took part of it.
+        wait = max(self.spec.supervisor.ebusy_cooldown_s - (self._clock() - first), 0.0)
+        log.info("ebusy: retrying once in %.1f s (no restart spent)", wait)
+        return not await self._stop_within(self._sleep(wait))
 
     async def _wait_while_failed(self, reason: str) -> bool:
         """Failed until `orchestrator restart` (True) or a stop request (False)."""
@@ -435,24 +387,7 @@ class Supervisor:
             grace_s = self.spec.supervisor.stop_grace_s
         if self.links is not None:
             await self.links.unwatch()
-        grace_s = 0.0 if self._force else grace_s
-        try:
-            await asyncio.wait_for(gang.stop(grace_s), grace_s + STOP_ANSWER_S)
-        except TimeoutError:
-            # Asking that node for leftovers would only wait as long again: every rank
-            # whose stop was not confirmed is reaped by PID before the next launch.
-            log.warning("a node did not confirm its ranks' stop within %g s (away?): they "
-                        "are ended by PID once it answers again", grace_s + STOP_ANSWER_S)
-            leftovers = []
-        else:
-            try:
-                leftovers = await asyncio.wait_for(gang.leftovers(), LEFTOVERS_S)
-            except TimeoutError:
-                leftovers = []
-        if leftovers:
-            log.error("ranks still running after stop: %s; killing", ", ".join(leftovers))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(gang.stop(0.0), STOP_ANSWER_S)
+        await stop_gang(gang, 0.0 if self._force else grace_s)
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
 

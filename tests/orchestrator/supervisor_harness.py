@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from contract.agent_protocol import Exited
+from contract.agent_protocol import Exited, RdmaHolder
 from contract.exit_codes import RankExit
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
@@ -24,9 +24,8 @@ from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.progress import ServingSample
 from orchestrator.supervision.state import GangState, StateMachine
 from orchestrator.supervision.supervisor import Supervisor
-from orchestrator.transports import AgentExit, TransportError
+from orchestrator.transports import TransportError
 from orchestrator.transports.pool import NodePool
-from serving.faults import EBUSY_LINE
 from testkit.fake_clock import FakeClock
 
 
@@ -45,6 +44,7 @@ class FakeGang(Gang):
         self.fail_spawn = fail_spawn
         self.agent_event = agent_event
         self.echo_on_stop: set[int] = set()  # ranks that exit peer_lost before their SIGTERM
+        self.exit_on_start: dict[str, Any] | None = None  # rank 0 exits so once started
         self.standby_started = False
 
     async def start(self) -> list[SpawnFailure]:
@@ -55,6 +55,8 @@ class FakeGang(Gang):
                 failed.append(SpawnFailure(rank.rank, rank.node, message, permanent=True))
             else:
                 rank.pid, rank.started_at = 1000 + rank.rank, time.time()
+        if self.exit_on_start is not None and not failed:
+            self.agent_event(self.ranks[0].node, self.exit(0, **self.exit_on_start))
         return failed
 
     async def start_standby(self) -> None:
@@ -132,6 +134,22 @@ class FakeAnswers:
         return {name: error for name, error in self.away_nodes.items() if name in names}
 
 
+class FakeHolders:
+    """The RDMA devices' holders the test names in `found`; `ended` records each end."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, list[RdmaHolder]] = {}
+        self.ended: list[tuple[str, int]] = []
+
+    async def find(self, nodes: list[str]) -> dict[str, list[RdmaHolder]]:
+        return {node: list(found) for node, found in self.found.items() if node in nodes}
+
+    async def end(self, node: str, holder: RdmaHolder) -> bool:
+        self.ended.append((node, holder.pid))
+        self.found[node] = [h for h in self.found.get(node, []) if h.pid != holder.pid]
+        return True
+
+
 class Harness:
     def __init__(self, tmp_path: Path, **supervisor: Any) -> None:
         # Fake time runs while a gang is ready (a watch every real_pause_s): a long reset
@@ -158,10 +176,12 @@ class Harness:
         self.probe = FakeProbe()
         self.links = FakeLinks()
         self.answers = FakeAnswers()
+        self.holders = FakeHolders()
         self.monitor = GangMonitor(self.pool.nodes, self.metrics, self.clock)
         self.gangs: list[FakeGang] = []
         self.launched_at: list[float] = []  # fake time of each launch
         self.fail_spawn: list[int | None] = []  # per launch, the rank that cannot start
+        self.start_exits: list[dict[str, Any] | None] = []  # per launch, rank 0's exit at start
         self.reasons: list[str] = []
         machine = StateMachine(self.clock)
         machine.on_change(lambda old, new, reason: self.reasons.append(f"{new}: {reason}"))
@@ -177,6 +197,7 @@ class Harness:
             self._new_gang,
             links=self.links,
             answers=self.answers,
+            holders=self.holders,
             clock=self.clock,
             sleep=self.clock.sleep,
         )
@@ -184,6 +205,7 @@ class Harness:
     def _new_gang(self) -> FakeGang:
         fail = self.fail_spawn.pop(0) if self.fail_spawn else None
         gang = FakeGang(self.spec, f"L{len(self.gangs) + 1}", fail, self.monitor.on_agent_event)
+        gang.exit_on_start = self.start_exits.pop(0) if self.start_exits else None
         self.gangs.append(gang)
         self.launched_at.append(self.clock())
         return gang

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.asleep import freeze, thaw
 from testkit.load import Load
 from testkit.netns import HostsFactory
 from testkit.orchestrator_process import run_cli, running, write_cluster
@@ -78,7 +79,7 @@ def test_a_worker_asleep_for_60_s_is_waited_for_and_serves_again(
             while not any(o.result == "ok" for o in load.outcomes):
                 time.sleep(0.2)
             frozen_at = time.monotonic()
-            pids = net.freeze(1)
+            pids = freeze(net, 1)
             try:
                 waiting_at, seen = None, {}
                 while time.monotonic() < frozen_at + ASLEEP_S:
@@ -91,7 +92,7 @@ def test_a_worker_asleep_for_60_s_is_waited_for_and_serves_again(
                 assert waiting_at is not None, (seen, orchestrator.text[-3000:])
                 assert seen.get("state") == "waiting", seen  # still, after 60 s
             finally:
-                net.thaw(1, pids)
+                thaw(net, 1, pids)
             woke_at = time.monotonic()
             served_at = None
             while served_at is None and time.monotonic() < woke_at + 120:

@@ -6,7 +6,6 @@ from contract.exit_codes import RankExit
 from orchestrator.supervision.failures import Cause, RunResult
 from orchestrator.supervision.state import GangState
 from orchestrator.transports import AgentExit
-from serving.faults import EBUSY_LINE
 from tests.orchestrator.supervisor_harness import stop
 
 
@@ -67,15 +66,6 @@ async def test_a_lost_agent_is_agent_lost(harness) -> None:
     await h.ready_gang(2)
     failure = h.supervisor.snapshot().last_failure
     assert failure is not None and (failure.cause, failure.node) == (Cause.AGENT_LOST, "c")
-
-
-async def test_ebusy_adds_its_cooldown_to_the_backoff(harness) -> None:
-    """A JACCL EBUSY line in the exit: the relaunch waits backoff + ebusy_cooldown_s."""
-    h = harness()
-    await h.ready_gang(1)
-    h.crash(0, returncode=RankExit.DISTRIBUTED_INIT_FAILED, stderr_tail=[EBUSY_LINE])
-    await h.ready_gang(2)
-    assert h.backoff() == 2.0 + 30.0 and h.waited() == 32.0 and h.restarts(Cause.EBUSY) == 1
 
 
 async def test_the_root_cause_is_the_crash_not_its_peer_lost_echo(harness) -> None:
