@@ -75,8 +75,7 @@ class Supervisor:
         self.spec, self.pool, self.metrics, self.machine = spec, pool, metrics, machine
         self.monitor, self.probe, self._new_gang = monitor, probe, new_gang
         self.links = links
-        self.answers: Answers = answers or NodeAnswers(pool)
-        self.holders: Holders = holders or AgentHolders(pool)
+        self.answers, self.holders = answers or NodeAnswers(pool), holders or AgentHolders(pool)
         self.waits = Waits(spec.supervisor.node_wait_s, machine, metrics, links, self.answers,
                            clock, lambda seconds: self._stop_within(self._sleep(seconds)))
         self._launch_ids: set[str] = set()  # every launch of this run: its ranks are ours
