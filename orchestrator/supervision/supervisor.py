@@ -34,6 +34,7 @@ from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.node_wait import NodeAnswers
 from orchestrator.supervision.progress import ProgressWatch, ServingSample
+from orchestrator.supervision.rdma_devices import rdma_device_problems
 from orchestrator.supervision.rdma_holders import AgentHolders, end_our_holders, failed_reason
 from orchestrator.supervision.restart_policy import RestartPolicy
 from orchestrator.supervision.snapshot import SupervisorSnapshot, Upstream
@@ -227,11 +228,12 @@ class Supervisor:
             ]
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())
+        devices = await rdma_device_problems(self.spec, self.pool, self._clock())
+        if devices:
+            return devices
         lost = await self.waits.links()
-        if lost is None:
-            return []  # a stop request came while the links were down
-        if lost:
-            return lost
+        if lost is None or lost:
+            return lost or []  # nodes lost meanwhile; none when a stop request came
         gang = self.gang = self._next_gang or self._new_gang()
         self._next_gang = None
         self._launch_ids.add(gang.launch_id)
@@ -244,13 +246,8 @@ class Supervisor:
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(1 if gang.ranks[rank].running else 0)
         return [
-            RankFailure(
-                Cause.SPAWN_FAILED if f.permanent else Cause.AGENT_LOST,
-                f.node,
-                f.rank,
-                f"cannot start the rank: {f.message}",
-                self._clock(),
-            )
+            RankFailure(Cause.SPAWN_FAILED if f.permanent else Cause.AGENT_LOST, f.node, f.rank,
+                        f"cannot start the rank: {f.message}", self._clock())
             for f in spawn_failures
         ]
 
