@@ -3,10 +3,19 @@ one retry without spending a restart, otherwise failed naming them (fake clock).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from contract.agent_protocol import RdmaHolder
 from contract.exit_codes import RankExit
+from contract.rank_env import IBV_DEVICES, LAUNCH_ID
+from orchestrator.config.load import check_cluster_data
 from orchestrator.supervision.failures import Cause
+from orchestrator.supervision.rdma_holders import AgentHolders, split_ours
 from orchestrator.supervision.state import GangState
+from orchestrator.transports.pool import NodePool
 from serving.faults import EBUSY_LINE
 from tests.orchestrator.supervisor_harness import Harness
 
@@ -76,3 +85,33 @@ async def test_a_gang_that_served_gets_its_own_retry(harness) -> None:
         ebusy(h)
     await h.ready_gang(4)
     assert h.supervisor.restarts == 0
+
+
+async def test_a_real_agent_finds_a_jaccl_process_and_ends_it_only_if_ours(
+    tmp_path: Path,
+) -> None:
+    """Through a real local agent: a process with JACCL's env and launch L9 is listed; ended
+    when L9 is ours, left running when it is not."""
+    data = {"cluster": {"state_dir": str(tmp_path)}, "nodes": [{"name": "n0"}]}
+    spec, _ = check_cluster_data(data, tmp_path / "cluster.toml")
+    pool = NodePool(spec, on_event=lambda n, e: None, on_lost=lambda n, x: None)
+    env = {**os.environ, IBV_DEVICES: "devices.json", LAUNCH_ID: "L9"}
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
+                               start_new_session=True)
+    await pool.connect("n0")
+    try:
+        holders = AgentHolders(pool)
+        found = await holders.find(["n0"])
+        mine = [h for h in found.get("n0", []) if h.pid == process.pid]
+        assert len(mine) == 1 and mine[0].jaccl_env and mine[0].launch_id == "L9"
+        ours, others = split_ours(found, {"L1"})
+        assert (("n0", mine[0]) in others) and not any(h.pid == process.pid for _, h in ours)
+        assert process.poll() is None  # nothing ended by finding
+        ours, _ = split_ours(found, {"L9"})
+        assert [await holders.end(node, h) for node, h in ours if h.pid == process.pid] == [True]
+        assert process.wait(10) is not None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        await pool.close_all()
