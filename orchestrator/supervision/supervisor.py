@@ -18,6 +18,7 @@ gateway, `/status`) see a `SupervisorSnapshot`, never the live objects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -29,7 +30,7 @@ from orchestrator.launch.gang import Gang
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.supervision.failures import Cause, GangResult, RankFailure, RunResult
-from orchestrator.supervision.gang_stop import stop_gang
+from orchestrator.supervision.gang_stop import STOP_ANSWER_S, stop_gang
 from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.node_wait import NodeAnswers
@@ -324,14 +325,9 @@ class Supervisor:
             return await self._clear_ebusy(failure, min(f.at for f in result.failures))
         if self.policy.budget_exhausted():
             window = self.spec.supervisor.restart_window_s
-            hint = (
-                " (EBUSY that persists usually needs a reboot of the nodes)"
-                if failure.cause == Cause.EBUSY
-                else ""
-            )
             return await self._wait_while_failed(
                 f"more than {self.spec.supervisor.max_restarts} restarts "
-                f"within {window:g} s; last: {failure.summary()}{hint}"
+                f"within {window:g} s; last: {failure.summary()}"
             )
         delay = self.policy.next_delay(failure.cause)
         self.restarts += 1
@@ -381,11 +377,15 @@ class Supervisor:
             return
         if grace_s is None:
             grace_s = self.spec.supervisor.stop_grace_s
-        if self.links is not None:
-            await self.links.unwatch()
-        await stop_gang(gang, 0.0 if self._force else grace_s)
+        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s), self._unwatch())
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
+
+    async def _unwatch(self) -> None:
+        """End the link probes; a node that is away does not hold the stop up."""
+        if self.links is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.links.unwatch(), STOP_ANSWER_S)
 
     def _state_changed(self, old: GangState, new: GangState, reason: str) -> None:
         self.metrics.state.state(new.value)

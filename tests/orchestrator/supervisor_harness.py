@@ -45,6 +45,7 @@ class FakeGang(Gang):
         self.agent_event = agent_event
         self.echo_on_stop: set[int] = set()  # ranks that exit peer_lost before their SIGTERM
         self.exit_on_start: dict[str, Any] | None = None  # rank 0 exits so once started
+        self.silent_node = ""  # a node asleep: its ranks' stop is never confirmed
         self.standby_started = False
 
     async def start(self) -> list[SpawnFailure]:
@@ -64,13 +65,15 @@ class FakeGang(Gang):
 
     async def stop(self, grace_s: float) -> None:
         for rank in self.ranks.values():
-            if rank.running:
+            if rank.running and rank.node != self.silent_node:
                 if rank.rank in self.echo_on_stop:
                     exited = self.exit(rank.rank, returncode=RankExit.PEER_LOST)
                 else:
                     exited = self.exit(rank.rank, signal="SIGTERM", stopped=True)
                 self.agent_event(rank.node, exited)  # the agent's Exited event
                 self.note_exit(exited)  # and the stop request's reply
+        if any(r.running and r.node == self.silent_node for r in self.ranks.values()):
+            await asyncio.Event().wait()  # the reply never comes
 
     async def leftovers(self) -> list[str]:
         return []

@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from orchestrator.config.load import check_cluster_data
+from orchestrator.supervision import gang_stop
 from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.node_wait import NodeAnswers
 from orchestrator.supervision.state import GangState
@@ -83,6 +86,24 @@ async def test_a_node_away_past_node_wait_s_fails_the_cluster_with_the_reason(ha
     h.answers.away_nodes = {}
     h.supervisor.request_restart()
     await h.ready_gang(2)
+
+
+async def test_a_node_that_never_confirms_the_stop_does_not_hold_up_the_wait(
+    harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop of c's rank is never answered: the stop gives up after the grace plus
+    STOP_ANSWER_S, c is waited for, and its rank stays recorded as running (to reap)."""
+    monkeypatch.setattr(gang_stop, "STOP_ANSWER_S", 0.05)
+    h = harness()
+    first = await h.ready_gang(1)
+    first.silent_node = "c"
+    h.answers.away_nodes = {"c": ASLEEP}
+    h.crash(0, signal="SIGKILL")
+    await h.until(lambda: waiting_for_c(h), "waiting for c")
+    assert first.ranks[2].running and [r.rank for r in first.unconfirmed()] == [2]
+    h.answers.away_nodes = {}
+    await h.ready_gang(2)
+    assert h.supervisor.restarts == 0
 
 
 async def test_a_link_check_failing_because_its_node_is_away_waits_for_the_node(harness) -> None:
