@@ -344,6 +344,7 @@ class Supervisor:
         """EBUSY: end the RDMA devices' holders that are ours and retry once, after the
         cool-down and without spending a restart; fail naming the holders that are not
         ours, or when the retry meets EBUSY again (waiting cannot free a device)."""
+        self._next_gang = None  # its standbys carry JACCL's env too: ended with the rest
         nodes = list(self.pool.nodes)
         reason = await end_our_holders(self.holders, nodes, self._launch_ids, failure.summary())
         if reason or self._ebusy_retried:
