@@ -2,10 +2,10 @@
 
     orchestrator ──Request (id)──────▶ agent   Open, Fingerprint, Spawn, Stop, Ping, ListRanks,
                                                  CheckPorts, Reap, Listen, Unlisten, Connect,
-                                                 WatchLinks, WatchUsage, Wake
+                                                 WatchLinks, WatchUsage, Wake, FindRdmaHolders
     orchestrator ◀──Reply (same id)─── agent   Ok, ErrorReply, FingerprintResult, Spawned,
                                                  Stopped, Pong, RankList, PortsResult, Reaped,
-                                                 Reachable
+                                                 Reachable, RdmaHolders
     orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited, LinkState,
                                                  NodeUsage
 
@@ -40,7 +40,7 @@ from contract.model_manifest import (
     PrefixHashes,
 )
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 # Error codes of ErrorReply.
 PROTOCOL_MISMATCH = "protocol_mismatch"
@@ -181,6 +181,13 @@ class Wake(Message, tag="wake", kw_only=True):
     launch_id: str
 
 
+class FindRdmaHolders(Message, tag="rdma_holders", kw_only=True):
+    """After a JACCL EBUSY: which processes hold (or, running JACCL, may hold) this node's
+    RDMA devices (answered with RdmaHolders)."""
+
+    id: int = 0
+
+
 Request = (
     Open
     | Fingerprint
@@ -196,6 +203,7 @@ Request = (
     | WatchLinks
     | WatchUsage
     | Wake
+    | FindRdmaHolders
     | ModelManifest
     | ModelPrepare
     | ModelPrefixHash
@@ -264,6 +272,19 @@ class Reaped(Message, tag="reaped", kw_only=True):
     pid: int
     killed: bool  # True: it was ours and has been ended
     reason: str  # why not, when killed is False ("not running", "launch id differs")
+
+
+class RdmaHolder(Struct, frozen=True, kw_only=True):
+    pid: int
+    command: str  # its command line, cut to 200 characters
+    files: list[str] = msgspec.field(default_factory=list)  # RDMA device files it has open
+    jaccl_env: bool = False  # its env carries MLX_IBV_DEVICES or MLX_JACCL_COORDINATOR
+    launch_id: str = ""  # the MLX_LAUNCH_ID in its env: ours when it is one of our launches
+
+
+class RdmaHolders(Message, tag="rdma_holders_result", kw_only=True):
+    id: int
+    holders: list[RdmaHolder] = msgspec.field(default_factory=list)
 
 
 # ── events (agent → orchestrator, pushed) ────────────────────────────────────
@@ -336,6 +357,7 @@ Reply = (
     | PortsResult
     | Reaped
     | Reachable
+    | RdmaHolders
     | ManifestResult
     | ModelPrepared
     | PrefixHashes

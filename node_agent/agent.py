@@ -32,6 +32,7 @@ from contract.agent_protocol import (
     CheckPorts,
     Connect,
     ErrorReply,
+    FindRdmaHolders,
     Fingerprint,
     FingerprintResult,
     Hello,
@@ -44,6 +45,7 @@ from contract.agent_protocol import (
     Pong,
     PortsResult,
     RankList,
+    RdmaHolders,
     Reap,
     Reaped,
     Request,
@@ -64,7 +66,7 @@ from contract.model_manifest import (
     ModelPrefixHash,
     ModelPrepare,
 )
-from node_agent import AGENT_VERSION, host_ops, links, model_store
+from node_agent import AGENT_VERSION, host_ops, links, model_store, rdma_holders
 from node_agent.code_digest import code_digest, code_root
 from node_agent.fingerprint import collect_fingerprint
 from node_agent.links import LinkProbes
@@ -281,6 +283,9 @@ class Agent:
                     req.targets, req.interval_s, req.timeout_s, req.down_after
                 )
                 return Ok(id=req.id)
+            case FindRdmaHolders():
+                holders = await asyncio.to_thread(rdma_holders.find_holders)
+                return RdmaHolders(id=req.id, holders=holders)
             case ModelManifest() | ModelPrepare() | ModelPrefixHash() | ModelFinalize():
                 return await asyncio.to_thread(_model_request, req)
         raise AssertionError(f"unhandled request {req!r}")

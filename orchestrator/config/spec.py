@@ -60,6 +60,9 @@ class SupervisorSection(Section):
     hang_timeout_s: PositiveSeconds = 60.0
     launch_timeout_s: PositiveSeconds = 600.0
     stop_grace_s: NonNegativeSeconds = 10.0
+    # How long to wait for a node that cannot be reached (a Mac asleep or rebooting)
+    # before the cluster is failed; waiting spends no restart.
+    node_wait_s: PositiveSeconds = 600.0
     # Keep one started-and-imported rank process per rank waiting for the next launch.
     standby_ranks: bool = True
 

@@ -94,11 +94,15 @@ class LinkChecks:
         await self._send_watch({self.node(hop.src): [] for hop in self.hops})
 
     async def _send_watch(self, by_node: dict[str, list[LinkTarget]]) -> None:
-        for name, targets in by_node.items():
+        """All nodes at once: one that is away must not hold up the others."""
+
+        async def one(name: str, targets: list[LinkTarget]) -> None:
             try:
                 await self.pool.agent(name).watch_links(targets)
             except (TransportError, AgentRequestError, TimeoutError) as exc:
                 log.warning("[%s] link watch not changed: %s", name, exc)
+
+        await asyncio.gather(*(one(name, targets) for name, targets in by_node.items()))
 
     async def _listen(self, hop: Hop) -> str | None:
         await self.pool.agent(self.node(hop.dst)).listen(hop.address.ip, hop.port)

@@ -1,11 +1,15 @@
 """The cluster's one state machine.
 
     pending → connecting → preflight → launching → ready ⇄ restarting
-                 │              │           │          │         │
-                 └──────────────┴───────────┴──────────┴─────────┴──▶ failed | stopped
+                                          ▲    │                  │
+                                          │    ▼                  │
+                                          └─ waiting ◀────────────┘
+    any of them ──▶ failed | stopped
 
 `restarting` goes back to `launching`; `failed` can be reset to `launching` by
-`orchestrator restart`. Every transition is logged and timestamped.
+`orchestrator restart`. `waiting`: a node is unreachable (restarting → waiting) or a link
+between ranks does not answer (launching → waiting); waiting spends no restart, and
+the launch goes on once they answer. Every transition is logged and timestamped.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class GangState(StrEnum):
     LAUNCHING = "launching"
     READY = "ready"
     RESTARTING = "restarting"
+    WAITING = "waiting"  # for a node or link to answer again
     FAILED = "failed"
     STOPPED = "stopped"
 
@@ -34,9 +39,12 @@ ALLOWED: dict[GangState, set[GangState]] = {
     GangState.PENDING: {GangState.CONNECTING} | _ANY_TO_END,
     GangState.CONNECTING: {GangState.PREFLIGHT} | _ANY_TO_END,
     GangState.PREFLIGHT: {GangState.LAUNCHING} | _ANY_TO_END,
-    GangState.LAUNCHING: {GangState.READY, GangState.RESTARTING} | _ANY_TO_END,
+    GangState.LAUNCHING: {GangState.READY, GangState.RESTARTING, GangState.WAITING}
+    | _ANY_TO_END,
     GangState.READY: {GangState.RESTARTING} | _ANY_TO_END,
-    GangState.RESTARTING: {GangState.LAUNCHING, GangState.CONNECTING} | _ANY_TO_END,
+    GangState.RESTARTING: {GangState.LAUNCHING, GangState.CONNECTING, GangState.WAITING}
+    | _ANY_TO_END,
+    GangState.WAITING: {GangState.LAUNCHING, GangState.RESTARTING} | _ANY_TO_END,
     GangState.FAILED: {GangState.LAUNCHING, GangState.CONNECTING, GangState.STOPPED},
     GangState.STOPPED: set(),
 }

@@ -1,10 +1,12 @@
 """Launches the gang, watches it, and restarts the whole gang when any part of it fails.
 
     launch ──▶ wait for rank 0 healthy ──▶ ready: watch exits, lost agents, progress
-       ▲                                          │ first failure
-       │                                          ▼
-    backoff (+ cause cool-down) ◀── stop every rank, confirm none left, ──▶ budget spent: failed
-                                    root cause among the reports so far
+      ▲                                           │ first failure
+      │                                           ▼
+      │     stop every rank, confirm none left, root cause among the reports so far
+      ├──── a node away: waiting, no restart spent ─────────── past node_wait_s ──┐
+      ├──── ebusy: end our holders of the RDMA devices, one retry ── held by others ┤
+      └──── else: backoff (+ cause cool-down) ───────────────── budget spent ───────┴─▶ failed
 
 As in torch.distributed.elastic's agent, each gang's end comes back as a value (a
 `GangResult`: every rank failure and the root cause), and `run()` returns a `RunResult`.
@@ -16,24 +18,29 @@ gateway, `/status`) see a `SupervisorSnapshot`, never the live objects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
-from orchestrator.launch.reachability import LinkFailure
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.supervision.failures import Cause, GangResult, RankFailure, RunResult
+from orchestrator.supervision.gang_stop import STOP_ANSWER_S, stop_gang
+from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
+from orchestrator.supervision.node_wait import NodeAnswers
 from orchestrator.supervision.progress import ProgressWatch, ServingSample
+from orchestrator.supervision.rdma_devices import rdma_device_problems
+from orchestrator.supervision.rdma_holders import AgentHolders, end_our_holders, failed_reason
 from orchestrator.supervision.restart_policy import RestartPolicy
 from orchestrator.supervision.snapshot import SupervisorSnapshot, Upstream
 from orchestrator.supervision.state import GangState, StateMachine
+from orchestrator.supervision.waits import Waits
 from orchestrator.transports.pool import NodePool
 
 log = logging.getLogger(__name__)
@@ -41,31 +48,12 @@ log = logging.getLogger(__name__)
 FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that already failed
 WATCH_S = 1.0
 HISTORY = 20  # gang failures kept for status
-LINK_RETRY_S = 1.0  # between reachability checks while a link is down
 # Standby ranks start once the gang has been ready this long and rank 0 has no request,
 # so their start-up (seconds of CPU per node) does not slow the first requests; under
 # constant load they start anyway after STANDBY_BUSY_AFTER_S.
 STANDBY_AFTER_S = 3.0
 STANDBY_BUSY_AFTER_S = 60.0
 WAKE_EVERY_S = 0.1  # the most often the gateway's requests wake the workers
-
-
-class Probe(Protocol):
-    """Rank 0 as the loop sees it (progress.Rank0Probe over HTTP; a fake in unit tests)."""
-
-    async def healthy(self, base_url: str, timeout_s: float) -> bool: ...
-
-    async def sample(self, base_url: str) -> ServingSample | None: ...
-
-
-class Links(Protocol):
-    """The links between ranks (launch.reachability.LinkChecks; a fake in unit tests)."""
-
-    async def check(self) -> list[LinkFailure]: ...
-
-    async def watch(self) -> None: ...
-
-    async def unwatch(self) -> None: ...
 
 
 class Supervisor:
@@ -80,6 +68,8 @@ class Supervisor:
         new_gang: Callable[[], Gang],
         *,
         links: Links | None = None,
+        answers: Answers | None = None,
+        holders: Holders | None = None,
         on_launch: Callable[[Gang], None] = lambda gang: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -87,6 +77,11 @@ class Supervisor:
         self.spec, self.pool, self.metrics, self.machine = spec, pool, metrics, machine
         self.monitor, self.probe, self._new_gang = monitor, probe, new_gang
         self.links = links
+        self.answers, self.holders = answers or NodeAnswers(pool), holders or AgentHolders(pool)
+        self.waits = Waits(spec.supervisor.node_wait_s, machine, metrics, links, self.answers,
+                           clock, lambda seconds: self._stop_within(self._sleep(seconds)))
+        self._launch_ids: set[str] = set()  # every launch of this run: its ranks are ours
+        self._ebusy_retried = False  # the one retry after EBUSY, until a gang is ready
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
         self.policy = RestartPolicy(spec.supervisor, clock)
         self.gang: Gang | None = None
@@ -204,6 +199,7 @@ class Supervisor:
             if self.history:
                 self.metrics.recovery.observe(self._clock() - self.history[-1].root.at)
             self._ready_since = self._clock()
+            self._ebusy_retried = False
             self.machine.to(
                 GangState.READY, f"serving at http://{self.spec.api.host}:{self.spec.api.port}/v1"
             )
@@ -233,10 +229,15 @@ class Supervisor:
             ]
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())
-        if not await self._links_ready():
-            return []  # a stop request came while the links were down
+        devices = await rdma_device_problems(self.spec, self.pool, self._clock())
+        if devices:
+            return devices
+        lost = await self.waits.links()
+        if lost is None or lost:
+            return lost or []  # nodes lost meanwhile; none when a stop request came
         gang = self.gang = self._next_gang or self._new_gang()
         self._next_gang = None
+        self._launch_ids.add(gang.launch_id)
         self.monitor.watch(gang)
         log.info("launching %d ranks, launch %s", self.spec.world_size, gang.launch_id)
         try:
@@ -246,32 +247,10 @@ class Supervisor:
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(1 if gang.ranks[rank].running else 0)
         return [
-            RankFailure(
-                Cause.SPAWN_FAILED if f.permanent else Cause.AGENT_LOST,
-                f.node,
-                f.rank,
-                f"cannot start the rank: {f.message}",
-                self._clock(),
-            )
+            RankFailure(Cause.SPAWN_FAILED if f.permanent else Cause.AGENT_LOST, f.node, f.rank,
+                        f"cannot start the rank: {f.message}", self._clock())
             for f in spawn_failures
         ]
-
-    async def _links_ready(self) -> bool:
-        """Until every link between ranks answers (True) or a stop request (False): a gang
-        launched over a dead cable would only hang in its ring set-up."""
-        counted = False
-        while self.links is not None:
-            failures = await self.links.check()
-            if not failures:
-                break
-            if not counted:  # the relaunch's own preflight: one count per relaunch and link
-                self.metrics.preflight_failures.labels(check="links").inc(len(failures))
-                counted = True
-            waiting = "; ".join(f"{f.src} -> {f.dst} {f.address}: {f.error}" for f in failures)
-            self.machine.to(self.state, f"waiting for links: {waiting}")
-            if await self._stop_within(self._sleep(LINK_RETRY_S)):
-                return False
-        return True
 
     async def _start_standby_when_due(self, sample: ServingSample | None) -> None:
         """Start the next launch's ranks as standbys, once per gang, when due (see above)."""
@@ -281,6 +260,7 @@ class Supervisor:
         idle = sample is not None and sample.running == 0 and sample.waiting == 0
         if (idle and ready_for >= STANDBY_AFTER_S) or ready_for >= STANDBY_BUSY_AFTER_S:
             self._next_gang = self._new_gang()
+            self._launch_ids.add(self._next_gang.launch_id)
             await self._next_gang.start_standby()
 
     async def _until_healthy(self) -> RankFailure | None:
@@ -334,16 +314,20 @@ class Supervisor:
                 f"{failure.summary()}; no restart can fix that: fix the node or cluster.toml, "
                 "then `orchestrator restart`"
             )
+        away = await self.answers.away(list(self.pool.nodes))
+        if away:
+            since = min(f.at for f in result.failures)
+            outcome = await self.waits.nodes(list(self.pool.nodes), away, since)
+            if outcome is None:
+                return False
+            return await self._wait_while_failed(outcome) if outcome else True
+        if failure.cause == Cause.EBUSY:
+            return await self._clear_ebusy(failure, min(f.at for f in result.failures))
         if self.policy.budget_exhausted():
             window = self.spec.supervisor.restart_window_s
-            hint = (
-                " (EBUSY that persists usually needs a reboot of the nodes)"
-                if failure.cause == Cause.EBUSY
-                else ""
-            )
             return await self._wait_while_failed(
                 f"more than {self.spec.supervisor.max_restarts} restarts "
-                f"within {window:g} s; last: {failure.summary()}{hint}"
+                f"within {window:g} s; last: {failure.summary()}"
             )
         delay = self.policy.next_delay(failure.cause)
         self.restarts += 1
@@ -354,6 +338,21 @@ class Supervisor:
         wait = max(delay - (self._clock() - first), 0.0)
         log.info("backoff %.1f s (restart %d, cause %s): relaunching in %.1f s",
                  delay, self.restarts, failure.cause, wait)
+        return not await self._stop_within(self._sleep(wait))
+
+    async def _clear_ebusy(self, failure: RankFailure, first: float) -> bool:
+        """EBUSY: end the RDMA devices' holders that are ours and retry once, after the
+        cool-down and without spending a restart; fail naming the holders that are not
+        ours, or when the retry meets EBUSY again (waiting cannot free a device)."""
+        self._next_gang = None  # its standbys carry JACCL's env too: ended with the rest
+        nodes = list(self.pool.nodes)
+        reason = await end_our_holders(self.holders, nodes, self._launch_ids, failure.summary())
+        if reason or self._ebusy_retried:
+            return await self._wait_while_failed(reason or failed_reason(failure.summary()))
+        self._ebusy_retried = True
+        # Counted from the failure, as the backoff is: stopping the gang took part of it.
+        wait = max(self.spec.supervisor.ebusy_cooldown_s - (self._clock() - first), 0.0)
+        log.info("ebusy: retrying once in %.1f s (no restart spent)", wait)
         return not await self._stop_within(self._sleep(wait))
 
     async def _wait_while_failed(self, reason: str) -> bool:
@@ -379,15 +378,15 @@ class Supervisor:
             return
         if grace_s is None:
             grace_s = self.spec.supervisor.stop_grace_s
-        if self.links is not None:
-            await self.links.unwatch()
-        await gang.stop(0.0 if self._force else grace_s)
-        leftovers = await gang.leftovers()
-        if leftovers:
-            log.error("ranks still running after stop: %s; killing", ", ".join(leftovers))
-            await gang.stop(0.0)
+        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s), self._unwatch())
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
+
+    async def _unwatch(self) -> None:
+        """End the link probes; a node that is away does not hold the stop up."""
+        if self.links is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.links.unwatch(), STOP_ANSWER_S)
 
     def _state_changed(self, old: GangState, new: GangState, reason: str) -> None:
         self.metrics.state.state(new.value)

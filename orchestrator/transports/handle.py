@@ -266,6 +266,11 @@ class AgentHandle:
         )
         return reply.killed
 
+    async def rdma_holders(self, timeout: float = 30.0) -> list[protocol.RdmaHolder]:
+        """The processes that hold (or, running JACCL, may hold) the node's RDMA devices."""
+        reply = await self.request(protocol.FindRdmaHolders(), protocol.RdmaHolders, timeout)
+        return reply.holders
+
     async def ping(self, timeout: float = 10.0) -> Pong:
         return await self.request(Ping(), Pong, timeout)
 

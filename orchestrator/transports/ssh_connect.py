@@ -14,6 +14,7 @@ import errno
 import logging
 import shlex
 import socket
+import sys
 from pathlib import Path
 
 import asyncssh
@@ -116,6 +117,20 @@ def _host_key_error(
     )
 
 
+def local_network_hint(code: int | None, platform: str = sys.platform) -> str:
+    """macOS 15+ answers a LAN connection that Local Network privacy blocks with
+    EHOSTUNREACH, exactly like a host that is gone (Apple's TN3179)."""
+    if platform != "darwin" or code != errno.EHOSTUNREACH:
+        return ""
+    return (
+        ". If the host is up on your local network, this is usually macOS's Local Network "
+        "privacy: a launchd LaunchAgent, or a terminal app not allowed yet (iTerm2, VS "
+        "Code...; Apple's Terminal and SSH sessions are exempt), cannot reach LAN hosts. "
+        "Allow the app in System Settings > Privacy & Security > Local Network, or run "
+        "the job as a LaunchDaemon"
+    )
+
+
 def classify(node: NodeSpec, host: str, port: int, exc: BaseException) -> TransportError:
     """Map a connection failure to a TransportError whose message says what to fix."""
     where = f"{host}:{port}"
@@ -155,7 +170,9 @@ def classify(node: NodeSpec, host: str, port: int, exc: BaseException) -> Transp
         )
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return TransportError(
-            node.name, ErrorKind.UNREACHABLE, f"no route to {where}: {exc.strerror}"
+            node.name,
+            ErrorKind.UNREACHABLE,
+            f"no route to {where}: {exc.strerror}{local_network_hint(exc.errno)}",
         )
     if isinstance(exc, asyncssh.DisconnectError):
         return TransportError(node.name, ErrorKind.OTHER, f"{where} disconnected: {exc.reason}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import shlex
 import socket
 import sys
@@ -14,7 +15,7 @@ from orchestrator.config import NodeSpec
 from orchestrator.transports import ErrorKind, LocalTransport, SshTransport, TransportError
 from orchestrator.transports.deploy import CodeBundle
 from orchestrator.transports.remote_command import agent_command
-from orchestrator.transports.ssh_connect import classify, ssh_target
+from orchestrator.transports.ssh_connect import classify, local_network_hint, ssh_target
 
 HOSTILE = [
     "python3; touch /tmp/x",
@@ -75,6 +76,21 @@ def test_error_classification() -> None:
     refused = classify(node, "mac-b", 22, ConnectionRefusedError(111, "refused"))
     assert refused.kind == ErrorKind.REFUSED and "sshd" in refused.message
     assert classify(node, "mac-b", 22, TimeoutError()).kind == ErrorKind.TIMEOUT
+
+
+def test_no_route_to_host_on_macos_names_local_network_privacy() -> None:
+    """EHOSTUNREACH is what macOS 15+ gives a process Local Network privacy blocks: on a Mac
+    the fix names that setting; elsewhere, and for ENETUNREACH, it stays a network fault."""
+    node = NodeSpec(name="b", transport="ssh", ssh="me@192.168.1.60")
+    unreachable = OSError(errno.EHOSTUNREACH, "No route to host")
+    error = classify(node, "192.168.1.60", 22, unreachable)
+    assert error.kind == ErrorKind.UNREACHABLE
+    assert error.message.startswith("no route to 192.168.1.60:22: No route to host")
+    hint = local_network_hint(errno.EHOSTUNREACH, "darwin")
+    assert "Local Network privacy" in hint and "Privacy & Security > Local Network" in hint
+    assert "LaunchAgent" in hint and "LaunchDaemon" in hint
+    assert local_network_hint(errno.EHOSTUNREACH, "linux") == ""
+    assert local_network_hint(errno.ENETUNREACH, "darwin") == ""
 
 
 def fake_agent_bundle(tmp_path: Path, first_line: str) -> CodeBundle:
