@@ -84,9 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     restart_help = "reset the restart budget and relaunch a failed cluster"
     command("restart", restart_help, _restart, config_optional=True)
     _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
-    sync = command("sync", "copy the model to every node lacking it or holding another", _sync)
-    sync.add_argument("--from", dest="source", metavar="NODE", help="copy from this node's copy")
-    sync.add_argument("--json", action="store_true", help="no progress; print a JSON summary")
+    sync_help = "copy the model to every node lacking it or holding another"
+    _sync_options(command("sync", sync_help, _sync))
+    pull_help = "download the hf: model once to this machine (resumes, verifies)"
+    models_help = "the models at this machine and the cluster's own"
+    for sub in (command("pull", pull_help, _pull), command("models", models_help, _models, True)):
+        sub.add_argument("--json", action="store_true", help="machine-readable, no progress")
     return parser
 
 
@@ -97,8 +100,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from orchestrator.models.commands import located_or_exit
+
     spec, _warnings = check_cluster_file(args.config)
-    print(plan_as_toml(build_plan(spec, "planned")), end="")
+    located = located_or_exit(spec, args.config, pull_first=False)
+    if isinstance(located, int):
+        return located
+    print(plan_as_toml(build_plan(located, "planned")), end="")
     return EXIT_OK
 
 
@@ -117,7 +125,12 @@ def _up(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     for warning in warnings:
         logging.getLogger("orchestrator").warning("%s", warning.render(args.config))
-    return asyncio.run(Service(spec, args.config).run())
+    from orchestrator.models.commands import located_or_exit
+
+    located = located_or_exit(spec, args.config, pull_first=spec.model.sync)
+    if isinstance(located, int):
+        return located
+    return asyncio.run(Service(located, args.config).run())
 
 
 def _linktest(args: argparse.Namespace) -> int:
@@ -133,11 +146,35 @@ def _linktest(args: argparse.Namespace) -> int:
     )
 
 
+def _sync_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--from", dest="source", metavar="NODE", help="copy from this node's copy")
+    sub.add_argument("--json", action="store_true", help="no progress; print a JSON summary")
+
+
 def _sync(args: argparse.Namespace) -> int:
+    from orchestrator.models.commands import located_or_exit
     from orchestrator.provision.sync_command import sync_command
 
     spec, _warnings = check_cluster_file(args.config)
-    return sync_command(spec, args.config, args.source, args.json)
+    located = located_or_exit(spec, args.config, pull_first=False)
+    if isinstance(located, int):
+        return located
+    return sync_command(located, args.config, args.source, args.json)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from orchestrator.models.commands import pull_command
+
+    spec, _warnings = check_cluster_file(args.config)
+    return pull_command(spec, args.config, args.json)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from orchestrator.models.catalog import models_command
+
+    given = args.config != DEFAULT_CONFIG or args.config.exists()
+    spec = check_cluster_file(args.config)[0] if given else None
+    return models_command(spec, args.json)
 
 
 BOOTSTRAP_HELP = "make each node's venv hold this machine's versions (offline nodes too)"

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
@@ -41,7 +41,8 @@ from orchestrator.models.hub import (
     explain,
     remote_listing,
 )
-from orchestrator.models.location import COMMIT, HubRef, parse, store_dir
+from orchestrator.models.hub_ref import COMMIT, HubRef, parse
+from orchestrator.models.location import store_dir
 
 PARALLEL_FILES = 8
 CHUNK = 8 << 20
@@ -78,7 +79,9 @@ class PullInterrupted(Exception):
     """Stopped by the operator; what arrived is kept in .partial files."""
 
 
-def pull(model: ModelSettings, progress: PullProgress, access: HubAccess | None = None) -> PullReport:
+def pull(
+    model: ModelSettings, progress: PullProgress, access: HubAccess | None = None
+) -> PullReport:
     """Bring the model's pinned commit into this machine's cache; raises HubError."""
     access = access or HubAccess.from_env()
     ref = parse(model.path)
@@ -207,7 +210,7 @@ def _fetch(
         with partial.open("ab") as out:
             http_get(
                 url,
-                _Counting(out, arrived),
+                cast(BinaryIO, _Counting(out, arrived)),  # what http_get calls of a file
                 resume_size=out.tell(),
                 headers=headers,
                 expected_size=f.size,
@@ -232,7 +235,7 @@ def _fetch(
 
 def _digest(path: Path, f: RemoteFile) -> str:
     """The blob's name as the hub computes it: sha256 for LFS files, git's sha1 else."""
-    h = hashlib.sha256() if f.lfs else hashlib.sha1(f"blob {f.size}\0".encode())  # noqa: S324
+    h = hashlib.sha256() if f.lfs else hashlib.sha1(f"blob {f.size}\0".encode())
     with path.open("rb") as src:
         while chunk := src.read(CHUNK):
             h.update(chunk)

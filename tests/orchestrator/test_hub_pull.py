@@ -53,9 +53,14 @@ def test_pull_into_empty_cache(tmp_path: Path, hub: HubServer, served: ServedRep
     model = _model(tmp_path / "store")
     report = pull(model, PullProgress(), _access(hub))
     assert report.commit == served.commit
-    assert report.downloaded_bytes == report.total_bytes == sum(f.size for f in served.files.values())
+    assert (
+        report.downloaded_bytes == report.total_bytes == sum(f.size for f in served.files.values())
+    )
     snapshot = Path(report.path)
-    assert snapshot == tmp_path / "store" / f"models--{REPO.replace('/', '--')}" / "snapshots" / served.commit
+    assert (
+        snapshot
+        == tmp_path / "store" / f"models--{REPO.replace('/', '--')}" / "snapshots" / served.commit
+    )
     _files_equal(snapshot, served.files[WEIGHTS].source.parent)
     assert sum(hub.sent.values()) == report.total_bytes  # nothing fetched twice
     # huggingface_hub itself finds it offline (what mlx-lm's load does with a hub id)
@@ -130,7 +135,7 @@ def test_offline_uses_cache_or_fails_clearly(tmp_path: Path, hub: HubServer) -> 
     """HF_HUB_OFFLINE: an uncached model fails naming the cache and the fix; a cached one
     is found without a request."""
     model = _model(tmp_path / "store")
-    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set .* lacks"):
+    with pytest.raises(HubError, match=r"HF_HUB_OFFLINE is set .* lacks"):
         pull(model, PullProgress(), _access(hub, offline=True))
     online = pull(model, PullProgress(), _access(hub))
     requests = len(hub.ranges)
@@ -147,14 +152,18 @@ def test_no_space_fails_before_the_first_byte(
 
     real = shutil.disk_usage
     monkeypatch.setattr(
-        shutil, "disk_usage", lambda p: real(p)._replace(free=1000)  # type: ignore[attr-defined]
+        shutil,
+        "disk_usage",
+        lambda p: real(p)._replace(free=1000),  # type: ignore[attr-defined]
     )
-    with pytest.raises(HubError, match="1000 B free|free: nothing was downloaded"):
+    with pytest.raises(HubError, match="free: nothing was downloaded"):
         pull(_model(tmp_path / "store"), PullProgress(), _access(hub))
     assert not hub.ranges
 
 
-def test_resolve_spec_pins_the_pulled_commit(tmp_path: Path, hub: HubServer, served: ServedRepo) -> None:
+def test_resolve_spec_pins_the_pulled_commit(
+    tmp_path: Path, hub: HubServer, served: ServedRepo
+) -> None:
     """After a pull the cluster's model is the snapshot path (the same on every node),
     served under its NAME; before it, the error says to pull."""
     from orchestrator.config import ClusterSpec, NodeSpec
