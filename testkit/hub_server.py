@@ -53,7 +53,8 @@ class ServedRepo:
 @dataclass
 class Faults:
     cut_after: dict[str, int] = field(default_factory=dict)  # path -> bytes, one GET each
-    refuse_after_cut: int = 0  # then answer this many resolve GETs with 503
+    refuse_after_cut: int = 0  # then answer this many GETs of the cut file with 503
+    cut_done: set[str] = field(default_factory=set)
     corrupt: set[str] = field(default_factory=set)  # paths served with one byte flipped
 
 
@@ -180,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "EntryNotFound", f"{path} does not exist", repo.commit)
             return
         faults = self.hub.faults
-        if body and faults.refuse_after_cut > 0 and not faults.cut_after:
+        if body and faults.refuse_after_cut > 0 and path in faults.cut_done:
             faults.refuse_after_cut -= 1
             self._error(503, "", "try later", repo.commit)
             return
@@ -210,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_file(self, f: ServedFile, offset: int) -> None:
         faults = self.hub.faults
         cut = faults.cut_after.pop(f.path, None)
+        if cut is not None:
+            faults.cut_done.add(f.path)
         left = f.size - offset if cut is None else min(cut, f.size - offset)
         with f.source.open("rb") as src:
             src.seek(offset)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
@@ -208,9 +208,11 @@ def _fetch(
     headers = build_hf_headers(token=access.token or False)
     try:
         with partial.open("ab") as out:
+            sink = _HashingSink(out, _hasher(f), arrived)
+            sink.absorb(partial)  # a resumed file's kept prefix
             http_get(
                 url,
-                cast(BinaryIO, _Counting(out, arrived)),  # what http_get calls of a file
+                cast(BinaryIO, sink),  # what http_get calls of a file, all there
                 resume_size=out.tell(),
                 headers=headers,
                 expected_size=f.size,
@@ -221,7 +223,7 @@ def _fetch(
     except Exception as exc:
         error = explain(exc, ref, access)
         raise HubError(f"{f.path}: {error}; what arrived is kept: pull again to resume") from exc
-    digest = _digest(partial, f)
+    digest = sink.hexdigest() if sink.whole else _digest(partial, f)
     if digest != f.etag:
         partial.unlink()
         kind = "sha256" if f.lfs else "git blob sha1"
@@ -233,23 +235,35 @@ def _fetch(
     partial.replace(blobs / f.etag)
 
 
+def _hasher(f: RemoteFile) -> Any:
+    """How the hub names the blob: sha256 for LFS files, git's blob sha1 else."""
+    return hashlib.sha256() if f.lfs else hashlib.sha1(f"blob {f.size}\0".encode())
+
+
 def _digest(path: Path, f: RemoteFile) -> str:
-    """The blob's name as the hub computes it: sha256 for LFS files, git's sha1 else."""
-    h = hashlib.sha256() if f.lfs else hashlib.sha1(f"blob {f.size}\0".encode())
+    h = _hasher(f)
     with path.open("rb") as src:
         while chunk := src.read(CHUNK):
             h.update(chunk)
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
-class _Counting:
-    """The file http_get writes to, counting what arrives (and stopping on request)."""
+class _HashingSink:
+    """The file http_get writes to: hashes and counts what arrives as it arrives (no second
+    read of a large file), and stops the download when asked (`arrived` raises)."""
 
-    def __init__(self, out: BinaryIO, arrived: Callable[[int], None]) -> None:
-        self._out, self._arrived = out, arrived
+    def __init__(self, out: BinaryIO, hasher: Any, arrived: Callable[[int], None]) -> None:
+        self._out, self._hash, self._arrived = out, hasher, arrived
+        self.whole = True  # False once http_get rewinds: then the file is hashed again
+
+    def absorb(self, path: Path) -> None:
+        with path.open("rb") as src:
+            while chunk := src.read(CHUNK):
+                self._hash.update(chunk)
 
     def write(self, data: bytes) -> int:
         n = self._out.write(data)
+        self._hash.update(data)
         self._arrived(n)
         return n
 
@@ -257,10 +271,15 @@ class _Counting:
         return self._out.tell()
 
     def seek(self, offset: int, whence: int = 0) -> int:
+        self.whole = False  # a server that ignored Range: http_get starts the file over
         return self._out.seek(offset, whence)
 
     def truncate(self, size: int | None = None) -> int:
+        self.whole = False
         return self._out.truncate(size)
+
+    def hexdigest(self) -> str:
+        return str(self._hash.hexdigest())
 
 
 def _link(ref: HubRef, access: HubAccess, commit: str, root: Path) -> str:
