@@ -34,7 +34,7 @@ from contract.settings import ModelSettings  # noqa: E402
 from orchestrator.models.hub import HubAccess, HubError  # noqa: E402
 from orchestrator.models.pull import PullProgress, pull  # noqa: E402
 from serving.model.bundled import default_cache_dir, resolve_model  # noqa: E402
-from testkit.hub_server import HubServer, serve_dir  # noqa: E402
+from testkit.hub_server import HubServer, ServedRepo, serve_dir  # noqa: E402
 
 HUB_ID = "mlx-community/bench-model"
 
@@ -46,7 +46,10 @@ def _pull_once(hub: HubServer, store: Path) -> float:
     return time.monotonic() - started
 
 
-def _curl_once(hub: HubServer, files: list[str], out: Path, commit: str, parallel: bool) -> float:
+def _curl_once(
+    hub: HubServer, files: list[str], out: Path, commit: str, parallel: bool, verify: bool = False
+) -> float:
+    """curl of every file; `verify`: then sha256sum of them all (what pull checks)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     argv = ["curl", "-sf"] + (["--parallel", "--parallel-max", "8"] if parallel else [])
@@ -54,11 +57,37 @@ def _curl_once(hub: HubServer, files: list[str], out: Path, commit: str, paralle
         argv += ["-o", str(out / str(i)), f"{hub.url}/{HUB_ID}/resolve/{commit}/{name}"]
     started = time.monotonic()
     subprocess.run(argv, check=True)
+    if verify:
+        subprocess.run(["sha256sum", *map(str, out.iterdir())], check=True, capture_output=True)
     return time.monotonic() - started
 
 
 def _access(hub: HubServer) -> HubAccess:
     return HubAccess(hub.url, None, False)
+
+
+def _resume(hub: HubServer, repo: ServedRepo, store: Path) -> dict[str, int]:
+    """The weights' GET cut halfway (the hub then refuses, so that pull gives up); the next
+    pull's bytes, counted at the hub."""
+    shutil.rmtree(store, ignore_errors=True)
+    model = ModelSettings(path=f"hf:{HUB_ID}", store=str(store))
+    weights = max(repo.files.values(), key=lambda f: f.size)
+    hub.sent.clear()
+    hub.faults.cut_after[weights.path] = weights.size // 2
+    hub.faults.refuse_after_cut = 10
+    with contextlib.suppress(HubError):
+        pull(model, PullProgress(), _access(hub))
+    hub.faults.refuse_after_cut = 0
+    first = hub.sent[weights.path]
+    hub.sent.clear()
+    report = pull(model, PullProgress(), _access(hub))
+    return {
+        "file_bytes": weights.size,
+        "sent_before_cut": first,
+        "kept": report.resumed_bytes,
+        "resent": first - report.resumed_bytes,
+        "second_pull_bytes": hub.sent[weights.path],
+    }
 
 
 def main() -> None:
@@ -82,6 +111,10 @@ def main() -> None:
             "curl_parallel": [
                 _curl_once(hub, names, root / "curl", repo.commit, True) for _ in range(args.runs)
             ],
+            "curl_parallel_then_sha256sum": [
+                _curl_once(hub, names, root / "curl", repo.commit, True, True)
+                for _ in range(args.runs)
+            ],
             "curl_sequential": [
                 _curl_once(hub, names, root / "curl", repo.commit, False) for _ in range(args.runs)
             ],
@@ -93,32 +126,7 @@ def main() -> None:
                 "mb_per_s": round(total / median / 1e6, 1),
             }
 
-        shutil.rmtree(root / "store", ignore_errors=True)
-        weights = max(repo.files.values(), key=lambda f: f.size)
-        hub.sent.clear()
-        hub.faults.cut_after[weights.path] = weights.size // 2
-        hub.faults.refuse_after_cut = 10
-        with contextlib.suppress(HubError):  # the cut pull gives up, as it should
-            pull(
-                ModelSettings(path=f"hf:{HUB_ID}", store=str(root / "store")),
-                PullProgress(),
-                _access(hub),
-            )
-        hub.faults.refuse_after_cut = 0
-        first = hub.sent[weights.path]
-        hub.sent.clear()
-        report = pull(
-            ModelSettings(path=f"hf:{HUB_ID}", store=str(root / "store")),
-            PullProgress(),
-            _access(hub),
-        )
-        results["resume"] = {
-            "file_bytes": weights.size,
-            "sent_before_cut": first,
-            "kept": report.resumed_bytes,
-            "resent": first - report.resumed_bytes,
-            "second_pull_bytes": hub.sent[weights.path],
-        }
+        results["resume"] = _resume(hub, repo, root / "store")
     ratio = results["pull"]["mb_per_s"] / results["curl_parallel"]["mb_per_s"]
     results["pull_vs_curl_parallel"] = round(ratio, 2)
     print(json.dumps(results, indent=2))

@@ -12,7 +12,7 @@ benchmarks. What huggingface_hub 2.x reads (hf_api.py, file_download.py):
     X-Error-Message, as hf_raise_for_status maps them
 
 Faults for tests: cut a file's next GET after some bytes (then optionally refuse the
-next requests with 503), or serve a file's bytes with one byte flipped. It counts the
+next requests with 503), serve a file's bytes with one byte flipped, or send slowly. It counts the
 body bytes it sent per file, so a test sees what a resumed pull fetched again.
 """
 
@@ -22,6 +22,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,6 +57,7 @@ class Faults:
     refuse_after_cut: int = 0  # then answer this many GETs of the cut file with 503
     cut_done: set[str] = field(default_factory=set)
     corrupt: set[str] = field(default_factory=set)  # paths served with one byte flipped
+    rate: float | None = None  # bytes/s each file is sent at (a slow link); None: as fast as it can
 
 
 def serve_dir(repo_id: str, root: Path, token: str | None = None) -> ServedRepo:
@@ -229,6 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
                 except OSError:
                     return
                 self.hub.count(f.path, len(chunk))
+                if faults.rate:
+                    time.sleep(len(chunk) / faults.rate)
                 left -= len(chunk)
                 position += len(chunk)
         if cut is not None:  # the connection ends mid-body (a FIN after what was sent)

@@ -88,3 +88,6 @@ def located_or_exit(spec: ClusterSpec, config: Path, pull_first: bool) -> Cluste
     except (HubError, LocationError) as exc:
         print(f"{config}: model.path: {exc}", file=sys.stderr)
         return EXIT_NOT_STARTED
+    except KeyboardInterrupt:
+        print(f"interrupted: `orchestrator pull {config}` resumes the pull", file=sys.stderr)
+        return EXIT_INTERRUPTED

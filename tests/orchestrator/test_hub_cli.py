@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from orchestrator.models.hub import ALLOW_PATTERNS
 from testkit.hub_server import HubServer, ServedRepo, serve_dir
@@ -77,7 +79,10 @@ def test_pull_models_plan_commands(tmp_path: Path, hub: HubServer, served: Serve
     (model,) = json.loads(_run(["models", str(config), "--json"], env).stdout)
     assert (model["where"], model["commit"], model["refs"]) == ("cache", served.commit, "main")
     assert (model["architecture"], model["layers"], model["heads"], model["kv_heads"]) == (
-        "llama", 30, 9, 3
+        "llama",
+        30,
+        9,
+        3,
     )
     assert model["quantization"] == "4-bit g32" and model["size_bytes"] == total
 
@@ -106,3 +111,45 @@ def test_pull_into_a_store_shows_progress_and_where_nodes_hold_it(
     assert result.returncode == 0, result.stderr
     assert f"the nodes hold it at {store}/models--" in result.stdout
     assert (store / f"models--{REPO.replace('/', '--')}" / "refs" / "main").is_file()
+
+
+def test_ctrl_c_keeps_what_arrived_and_the_next_pull_resumes(
+    tmp_path: Path, hub: HubServer, served: ServedRepo
+) -> None:
+    """SIGINT mid-pull: exit 130 naming the command that resumes; the next pull asks the
+    hub only for the bytes not kept."""
+    weights = served.files["model.safetensors"]
+    hub.faults.rate = 20e6  # ~5 s for the weights: time to interrupt
+    config = _cluster(tmp_path)
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "cache")}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "pull", str(config), "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while hub.sent[weights.path] < 25e6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        _out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, err
+    assert f"`orchestrator pull {config}` resumes" in err
+    blobs = tmp_path / "cache" / f"models--{REPO.replace('/', '--')}" / "blobs"
+    kept = (blobs / f"{weights.sha256}.partial").stat().st_size
+    assert kept > 0
+    hub.faults.rate = None
+    before = hub.sent[weights.path]
+    resumed = _run(
+        ["pull", str(config), "--json"],
+        {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_ENDPOINT": hub.url},
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert hub.sent[weights.path] - before == weights.size - kept
+    assert json.loads(resumed.stdout)["resumed_bytes"] == kept
