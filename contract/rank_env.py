@@ -16,6 +16,10 @@ JACCL_RING = "MLX_JACCL_RING"
 # Never set by us: MLX's docs say it can deadlock and wedge the GPU, best left unset.
 METAL_FAST_SYNCH = "MLX_METAL_FAST_SYNCH"
 
+# huggingface_hub's: ranks load the node's directory and never reach the hub (the head
+# pulls once, `sync` copies), so N nodes never race to download.
+HF_HUB_OFFLINE = "HF_HUB_OFFLINE"
+
 # Ours. Every process of one launch carries its launch id: logs, ListRanks and Reap use it.
 LAUNCH_ID = "MLX_LAUNCH_ID"
 AGENT_PID = "MLX_AGENT_PID"  # the agent that started the rank (macOS ranks watch it)

@@ -21,6 +21,7 @@ PositiveSeconds = Annotated[float, Meta(gt=0)]
 NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
+HUB_PREFIX = "hf:"  # "hf:ORG/NAME[@REVISION]": a model of the Hugging Face hub
 
 
 class SettingsError(ValueError):
@@ -32,9 +33,15 @@ class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_def
 
 
 class ModelSettings(Section):
-    path: str = DEFAULT_MODEL  # "bundled:<name>" or a model directory present on every node
-    # The id clients pass as `model`; defaults to the path's last component.
+    # "bundled:<name>", a model directory present on every node, or "hf:ORG/NAME[@REV]":
+    # pulled once to this machine, then synced to <store>/models--ORG--NAME/snapshots/<commit>
+    # on every node (orchestrator/models/location.py).
+    path: str = DEFAULT_MODEL
+    # The id clients pass as `model`; defaults to the path's last component (hf: NAME).
     id: str | None = None
+    # hf: models only: the Hugging Face cache directory they live in, the same path on every
+    # node; None: this machine's HF cache (HF_HUB_CACHE, else ~/.cache/huggingface/hub).
+    store: str | None = None
     # Longest prompt + completion in tokens; None takes the model's own limit.
     context_length: PositiveInt | None = None
     # `up` first copies the model directory to every node that lacks it or holds another
@@ -47,6 +54,8 @@ class ModelSettings(Section):
     def served_id(self) -> str:
         if self.id:
             return self.id
+        if self.path.startswith(HUB_PREFIX):
+            return self.path.partition("@")[0].rstrip("/").rsplit("/", 1)[-1]
         return self.path.removeprefix("bundled:").rstrip("/").rsplit("/", 1)[-1]
 
 

@@ -68,29 +68,20 @@ def _parser() -> argparse.ArgumentParser:
     command(
         "down", "stop the running cluster; no process of it is left", _down, config_optional=True
     )
-    linktest = command(
-        "linktest",
+    linktest_help = (
         "measure the links between the nodes (correctness, latency, all_sum bandwidth, and "
-        "GB/s of each ring link rank i -> i+1; a mesh's other pairs are not measured)",
-        _linktest,
+        "GB/s of each ring link rank i -> i+1; a mesh's other pairs are not measured)"
     )
-    linktest.add_argument("--json", action="store_true", help="machine-readable output")
-    linktest.add_argument(
-        "--min-gbps", type=float, default=0.0, help="fail when a link is slower (Gbit/s)"
-    )
-    linktest.add_argument(
-        "--force", action="store_true", help="run even while the cluster is serving"
-    )
-    linktest.add_argument(
-        "--timeout-s", type=float, default=120.0,
-        help="seconds before the ranks end an unfinished test as failed (default: 120)",
-    )
+    _linktest_options(command("linktest", linktest_help, _linktest))
     restart_help = "reset the restart budget and relaunch a failed cluster"
     command("restart", restart_help, _restart, config_optional=True)
     _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
-    sync = command("sync", "copy the model to every node lacking it or holding another", _sync)
-    sync.add_argument("--from", dest="source", metavar="NODE", help="copy from this node's copy")
-    sync.add_argument("--json", action="store_true", help="no progress; print a JSON summary")
+    sync_help = "copy the model to every node lacking it or holding another"
+    _sync_options(command("sync", sync_help, _sync))
+    pull_help = "download the hf: model once to this machine (resumes, verifies)"
+    models_help = "the models at this machine and the cluster's own"
+    for sub in (command("pull", pull_help, _pull), command("models", models_help, _models, True)):
+        sub.add_argument("--json", action="store_true", help="machine-readable, no progress")
     return parser
 
 
@@ -102,9 +93,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from orchestrator.launch.plan_command import print_plan  # connects to the nodes
+    from orchestrator.models.commands import located_or_exit
 
     spec, _warnings = check_cluster_file(args.config)
-    return print_plan(spec, as_json=getattr(args, "json", False))
+    located = located_or_exit(spec, args.config, pull_first=False)
+    if isinstance(located, int):
+        return located
+    return print_plan(located, as_json=getattr(args, "json", False))
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -124,7 +119,12 @@ def _up(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health poll otherwise
     for warning in warnings:
         logging.getLogger("orchestrator").warning("%s", warning.render(args.config))
-    return asyncio.run(Service(spec, args.config).run())
+    from orchestrator.models.commands import located_or_exit
+
+    located = located_or_exit(spec, args.config, pull_first=spec.model.sync)
+    if isinstance(located, int):
+        return located
+    return asyncio.run(Service(located, args.config).run())
 
 
 def _linktest(args: argparse.Namespace) -> int:
@@ -140,11 +140,47 @@ def _linktest(args: argparse.Namespace) -> int:
     )
 
 
+def _linktest_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_argument(
+        "--min-gbps", type=float, default=0.0, help="fail when a link is slower (Gbit/s)"
+    )
+    sub.add_argument("--force", action="store_true", help="run even while the cluster is serving")
+    sub.add_argument(
+        "--timeout-s", type=float, default=120.0,
+        help="seconds before the ranks end an unfinished test as failed (default: 120)",
+    )
+
+
+def _sync_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--from", dest="source", metavar="NODE", help="copy from this node's copy")
+    sub.add_argument("--json", action="store_true", help="no progress; print a JSON summary")
+
+
 def _sync(args: argparse.Namespace) -> int:
+    from orchestrator.models.commands import located_or_exit
     from orchestrator.provision.sync.command import sync_command
 
     spec, _warnings = check_cluster_file(args.config)
-    return sync_command(spec, args.config, args.source, args.json)
+    located = located_or_exit(spec, args.config, pull_first=False)
+    if isinstance(located, int):
+        return located
+    return sync_command(located, args.config, args.source, args.json)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from orchestrator.models.commands import pull_command
+
+    spec, _warnings = check_cluster_file(args.config)
+    return pull_command(spec, args.config, args.json)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from orchestrator.models.catalog import models_command
+
+    given = args.config != DEFAULT_CONFIG or args.config.exists()
+    spec = check_cluster_file(args.config)[0] if given else None
+    return models_command(spec, args.json)
 
 
 BOOTSTRAP_HELP = "make each node's venv hold this machine's versions (offline nodes too)"

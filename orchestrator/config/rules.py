@@ -15,6 +15,7 @@ from orchestrator.config.issues import ConfigIssue
 from orchestrator.config.jaccl_devices import is_jaccl_ring, ring_device_issues
 from orchestrator.config.links import link_issues, rank_addresses
 from orchestrator.config.spec import ClusterSpec
+from orchestrator.models.hub_ref import HUB_FORM, hub_problem, is_hub
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -307,6 +308,15 @@ def _model(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     if path.startswith(BUNDLED_PREFIX) and name not in BUNDLED_MODELS:
         yield ConfigIssue(
             "model.path", f"unknown bundled model {name!r}", f"use one of: {known_bundled_specs()}"
+        )
+    if is_hub(path) and (problem := hub_problem(path)):
+        yield ConfigIssue("model.path", problem, f"write it as {HUB_FORM}")
+    if spec.model.store is not None and not is_hub(path):
+        yield ConfigIssue(
+            "model.store",
+            "is used by hf: models only; this model.path is a directory or bundled",
+            "remove it, or set model.path to hf:ORG/NAME",
+            "warning",
         )
     if spec.model.sync and path.startswith(BUNDLED_PREFIX):
         yield ConfigIssue(

@@ -116,6 +116,7 @@ def _env(
 ) -> dict[str, str]:
     env = dict(node.env)
     env.update({rank_env.LAUNCH_ID: launch_id, "PYTHONUNBUFFERED": "1"})
+    env[rank_env.HF_HUB_OFFLINE] = "1"
     if sharing is not None:  # else the rank guesses from its hostfile (serving/blas.py)
         env[rank_env.RANKS_ON_MACHINE] = str(sharing)
     if spec.world_size == 1:

@@ -259,6 +259,18 @@ BROKEN = [
         "nodes[1].rdma[0]",
         "no device towards a",
     ),
+    (
+        "hf model without org",
+        LOCAL_NODE + '[model]\npath = "hf:Qwen3-30B"\n',
+        "model.path",
+        "is not hf:ORG/NAME",
+    ),
+    (
+        "hf model with a double dash",
+        LOCAL_NODE + '[model]\npath = "hf:mlx--community/Qwen3"\n',
+        "model.path",
+        "no '--'",
+    ),
     ("section not a table", "api = 3\n" + LOCAL_NODE, "api", "expected a table"),
     ("nodes not tables", "nodes = 3\n", "nodes", "expected a list of tables"),
 ]
@@ -443,3 +455,11 @@ def test_missing_identity_file_warns_here_and_is_named_at_connect(tmp_path: Path
     with pytest.raises(TransportError) as caught:
         asyncio.run(SshTransport(spec.nodes[0], connect_timeout=5).connect())
     assert caught.value.kind == ErrorKind.CONFIG and "identity_file /nope/id" in str(caught.value)
+
+
+def test_hub_model_validates_and_is_served_by_its_name(tmp_path: Path) -> None:
+    """hf:ORG/NAME@REV with a store is valid; clients call it NAME."""
+    text = LOCAL_NODE + '[model]\npath = "hf:mlx-community/Qwen3-30B-A3B-4bit@v1"\nstore = "~/m"\n'
+    spec, warnings = check_cluster_file(write(tmp_path, text))
+    assert spec.model.served_id == "Qwen3-30B-A3B-4bit"
+    assert spec.model.store == "~/m" and not warnings

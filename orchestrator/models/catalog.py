@@ -1,0 +1,150 @@
+"""`orchestrator models [cluster.toml]`: the models at this machine (the HF cache and the
+cluster's [model] store), what each is, and the cluster's own model even before its pull
+(its size from the hub's listing).
+
+    HF cache, store ─▶ scan_cache_dir ─▶ each snapshot's config.json ─▶ ModelEntry
+    cluster's hf: model not here ─▶ the hub's file listing (sizes) ─▶ ModelEntry
+    with a cluster file: fits_cluster(entry, spec) fills the "fits" column
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import msgspec
+from huggingface_hub import scan_cache_dir
+from huggingface_hub.errors import CacheNotFound
+from rich.table import Table
+
+from orchestrator.config import ClusterSpec
+from orchestrator.console import report_console
+from orchestrator.models.hub import HubAccess, HubError, remote_listing
+from orchestrator.models.hub_ref import is_hub, parse
+from orchestrator.models.location import hf_cache_dir, pinned_commit, store_dir
+
+
+@dataclass
+class ModelEntry:
+    name: str  # ORG/NAME, or a directory's path
+    where: str  # "cache", "store", "hub" (not downloaded) or "dir"
+    commit: str = ""
+    refs: str = ""  # the revisions pinned to this commit ("main", "v1")
+    size_bytes: int = 0  # on disk; from the hub's listing when where == "hub"
+    architecture: str = ""
+    quantization: str = ""  # "4-bit g32", or the weights' dtype
+    layers: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    path: str = ""
+    fits: str | None = None  # how it fits the cluster: see fits_cluster
+
+
+def fits_cluster(entry: ModelEntry, spec: ClusterSpec) -> str | None:
+    """Hook for placement (tensor or pipeline, bytes per node, the largest context that
+    fits): not decided here. None shows as "?"."""
+    return None
+
+
+def catalog(spec: ClusterSpec | None, access: HubAccess | None = None) -> list[ModelEntry]:
+    """Every model at this machine, then the cluster's model if it is not among them."""
+    roots = {hf_cache_dir(): "cache"}
+    if spec is not None and spec.model.store:
+        roots[store_dir(spec.model)] = "store"
+    entries = [entry for root, where in roots.items() for entry in _scan(root, where)]
+    if spec is not None:
+        entries += _cluster_model(spec, entries, access)
+        for entry in entries:
+            entry.fits = fits_cluster(entry, spec)
+    return entries
+
+
+def _scan(root: Path, where: str) -> list[ModelEntry]:
+    try:
+        info = scan_cache_dir(root)
+    except CacheNotFound:
+        return []
+    entries = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        for rev in sorted(repo.revisions, key=lambda r: -r.last_modified):
+            entry = ModelEntry(repo.repo_id, where, rev.commit_hash, ",".join(sorted(rev.refs)))
+            entry.size_bytes, entry.path = rev.size_on_disk, str(rev.snapshot_path)
+            _describe(entry, Path(rev.snapshot_path) / "config.json")
+            entries.append(entry)
+    return entries
+
+
+def _cluster_model(
+    spec: ClusterSpec, known: list[ModelEntry], access: HubAccess | None
+) -> list[ModelEntry]:
+    path = spec.model.path
+    if not is_hub(path):
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            return []
+        entry = ModelEntry(path, "dir", path=str(root))
+        entry.size_bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+        _describe(entry, root / "config.json")
+        return [entry]
+    ref = parse(path)
+    commit = pinned_commit(spec.model)
+    if any(e.name == ref.repo_id and (commit is None or e.commit == commit) for e in known):
+        return []
+    entry = ModelEntry(ref.repo_id, "hub", refs=ref.revision)
+    try:
+        listing = remote_listing(ref, access or HubAccess.from_env())
+    except HubError as exc:
+        entry.quantization = f"(not here; the hub: {exc})"
+        return [entry]
+    entry.commit, entry.size_bytes = listing.commit, listing.total_bytes
+    return [entry]
+
+
+def _describe(entry: ModelEntry, config_file: Path) -> None:
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        entry.architecture = "(no config.json)"
+        return
+    text = config.get("text_config") or {}  # multimodal models keep the LM's shape there
+
+    def field(name: str) -> int | None:
+        value = config.get(name, text.get(name))
+        return value if isinstance(value, int) else None
+
+    archs = config.get("architectures") or []
+    entry.architecture = str(config.get("model_type") or (archs[0] if archs else "?"))
+    entry.layers, entry.heads = field("num_hidden_layers"), field("num_attention_heads")
+    entry.kv_heads = field("num_key_value_heads") or entry.heads
+    quant = config.get("quantization") or config.get("quantization_config")
+    if isinstance(quant, dict) and "bits" in quant:
+        entry.quantization = f"{quant['bits']}-bit g{quant.get('group_size', '?')}"
+    else:
+        entry.quantization = str(config.get("torch_dtype") or config.get("dtype") or "?")
+
+
+def models_command(spec: ClusterSpec | None, as_json: bool) -> int:
+    entries = catalog(spec)
+    if as_json:
+        print(msgspec.json.format(msgspec.json.encode([asdict(e) for e in entries])).decode())
+        return 0
+    if not entries:
+        print(f"no models at this machine ({hf_cache_dir()})", file=sys.stderr)
+        return 0
+    table = Table(box=None, pad_edge=False)
+    columns = ["model", "where", "revision", "size", "arch", "quant", "layers", "heads"]
+    for column in columns + (["fits"] if spec is not None else []):
+        table.add_column(column, justify="right" if column in {"size", "layers"} else "left")
+    for e in entries:
+        revision = f"{e.refs or '-'} {e.commit[:12]}".strip()
+        heads = f"{e.heads}/{e.kv_heads}" if e.heads else ""
+        size = f"{e.size_bytes / 1e9:.2f} GB" + (" (hub)" if e.where == "hub" else "")
+        row = [e.name, e.where, revision, size, e.architecture, e.quantization]
+        row += [str(e.layers or ""), heads] + ([e.fits or "?"] if spec is not None else [])
+        table.add_row(*row)
+    report_console().print(table)
+    return 0
