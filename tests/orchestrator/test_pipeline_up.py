@@ -54,7 +54,7 @@ def test_pipeline_placement_serves_and_recovers_a_killed_rank(tmp_path: Path) ->
         before = answer(url)
         shown = status(config)
         assert shown["placement"] == placement
-        assert metric_value(url, 'orchestrator_rank_layers{rank="0",node="big",edge="start"}') \
+        assert metric_value(url, 'orchestrator_rank_layers{edge="start",node="big",rank="0"}') \
             == big_start
         ranks = {r["rank"]: r["pid"] for r in shown["ranks"]}  # type: ignore[union-attr]
         os.kill(ranks[1], signal.SIGKILL)
