@@ -47,7 +47,6 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import platform
 import statistics
@@ -68,6 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from contract.settings import ModelSettings, ServingSettings  # noqa: E402
+from orchestrator.loadgen.streams import chat_body, content_of, percentile  # noqa: E402
 from serving.model.bundled import default_cache_dir  # noqa: E402
 from testkit.orchestrator_process import running, write_cluster  # noqa: E402
 from testkit.tiny_model import write_tiny_model  # noqa: E402
@@ -105,21 +105,8 @@ def pooled_client() -> httpx.Client:
     return httpx.Client(timeout=httpx.Timeout(600.0), limits=limits)
 
 
-def chat_body(model: str, text: str, max_tokens: int) -> Body:
-    return {"model": model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True}
-
-
 def completion_body(model: str, text: str) -> Body:
     return {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0}
-
-
-def content_of(line: str) -> str | None:
-    """A chat chunk's delta content ("" if none); None for a line that is no chunk."""
-    if not line.startswith("data: {"):
-        return None
-    choices = json.loads(line[6:]).get("choices") or [{}]
-    return str(choices[0].get("delta", {}).get("content") or "")
 
 
 def stream_ttft(client: httpx.Client, url: str, body: Body) -> float:
@@ -227,12 +214,6 @@ def aggregate_rounds(
             rates[path].append(rate)
             print(f"  8 streams round {round_} {path}: {rates[path][-1]:.1f} tok/s", flush=True)
     return rates
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank."""
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
 def summary_ms(values: list[float]) -> dict[str, float]:

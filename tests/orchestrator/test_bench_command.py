@@ -1,0 +1,97 @@
+"""`orchestrator bench` refuses a cluster that is not ready, and sums up streams rightly."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import check_cluster_file
+from orchestrator.loadgen.command import EXIT_NOT_READY, BenchOptions, bench, prompt_text
+from orchestrator.loadgen.report import build_report
+from orchestrator.loadgen.streams import StreamTimes
+from orchestrator.state_file import ClusterState, own_start_time, state_path, write_state
+from testkit.orchestrator_process import write_cluster
+
+NODES = [{"name": "a", "ip": "127.0.0.1"}]
+
+
+class Restarting(BaseHTTPRequestHandler):
+    """A gateway whose gang is restarting: /health 503 with the state and reason."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.dumps({"status": "restarting", "reason": "rank 1 crashed (SIGKILL)"})
+        self.send_response(503 if self.path == "/health" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def restarting_gateway() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Restarting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_refuses_when_not_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No state file: exit 2, and the JSON names the state and what to do."""
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", NODES)
+    assert bench(config, BenchOptions(), as_json=True) == EXIT_NOT_READY
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["state"] == "not_running" and "orchestrator up" in answer["reason"]
+
+
+def test_refuses_while_restarting(
+    tmp_path: Path, restarting_gateway: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A live orchestrator whose /health is 503: exit 2, naming its state and reason; no
+    request is sent (the stub answers anything but /health with 404)."""
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", NODES)
+    spec, _ = check_cluster_file(config)
+    write_state(state_path(spec), ClusterState(
+        cluster=spec.cluster.name, config=str(config), orchestrator_pid=os.getpid(),
+        orchestrator_started=own_start_time(), api_url=restarting_gateway,
+    ))
+    assert bench(config, BenchOptions(warmup=True), as_json=False) == EXIT_NOT_READY
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert "is restarting (rank 1 crashed (SIGKILL))" in said.err and "READY" in said.err
+
+
+def test_report_from_stream_times() -> None:
+    """Aggregate tokens/s over the wall time; TTFT and gaps from the streams that finished;
+    a failed stream counted as an error with its message."""
+    ok = StreamTimes(started=0.0, arrivals=[0.5, 0.6, 0.8, 1.0], prompt_tokens=70,
+                     completion_tokens=4)
+    slow = StreamTimes(started=0.0, arrivals=[1.5, 1.6])
+    failed = StreamTimes(started=0.0, error="HTTP 503: restarting")
+    report = build_report([ok, slow, failed], 2.0, cluster="c", url="u", model="m",
+                          max_tokens=4, prompt_tokens=64)
+    assert report.tokens == 6 and report.tokens_per_s == 3.0
+    assert report.errors == 1 and report.error_messages == ["HTTP 503: restarting"]
+    assert (report.ttft_s.p50, report.ttft_s.max) == (0.5, 1.5)
+    assert report.inter_token_s.max == pytest.approx(0.2)
+    assert report.prompt_tokens == 70
+
+
+def test_prompts_differ_from_the_first_word() -> None:
+    """No two streams share a prefix (no prefix-cache hit); the length follows the ask."""
+    first, second = prompt_text(200, 0), prompt_text(200, 1)
+    assert first.split()[0] != second.split()[0]
+    assert 180 <= len(first.split()) <= 220
