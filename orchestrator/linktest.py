@@ -28,6 +28,7 @@ from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import LaunchPlan, build_plan, new_launch_id
 from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.state_file import orchestrator_alive, read_state, state_path
+from orchestrator.status.links import record_linktest
 from orchestrator.transports.pool import NodePool
 
 RESULT_PREFIX = "LINKTEST_RESULT "  # serving/linktest.py prints it
@@ -87,6 +88,7 @@ async def _linktest(spec: ClusterSpec, min_gbps: float, as_json: bool, timeout_s
         print(f"linktest did not finish (rank exits: {codes or 'none'}):\n{tail}")
         return EXIT_FAILED
     report = LinkReport(spec, run.result, min_gbps)
+    record_linktest(spec, report.links)  # the status page draws each cable's GB/s
     if as_json:
         print(json.dumps(report.summary(), indent=2))
     else:

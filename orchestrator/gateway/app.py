@@ -28,6 +28,7 @@ from contract.openai_schemas import (
     CompletionRequest,
     ModelList,
 )
+from orchestrator.gateway.charts import ChartHistory, sampling
 from orchestrator.gateway.errors import (
     ApiError,
     ClientGone,
@@ -36,11 +37,13 @@ from orchestrator.gateway.errors import (
     unauthorized,
     unexpected_error_handler,
 )
+from orchestrator.gateway.live import live_endpoint
 from orchestrator.gateway.openapi import BEARER, error_responses, openapi_config, streamed
 from orchestrator.gateway.proxy import TRANSPORT_ERRORS, Proxy, ProxyResult
 from orchestrator.gateway.view import ClusterView
 from orchestrator.metrics import OrchestratorMetrics
 from orchestrator.status.model import ClusterStatus
+from orchestrator.supervision.progress import ServingSample
 from orchestrator.supervision.state import GangState
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -260,8 +263,11 @@ def create_app(
     *,
     api_key: str | None,
     request_timeout_s: float,
+    serving: Callable[[], ServingSample | None] | None = None,
 ) -> Litestar:
+    """`serving`: rank 0's latest counters as the supervisor scraped them, for the charts."""
     gateway = Gateway(view, status, metrics, api_key)
+    charts = ChartHistory()
 
     @asynccontextmanager
     async def open_proxy(_: Litestar) -> AsyncIterator[None]:
@@ -276,9 +282,10 @@ def create_app(
         route_handlers=[
             v1_router(api_key is not None), page, health_endpoint, status_endpoint,
             metrics_endpoint,
+            Router("/status", route_handlers=[live_endpoint], guards=[require_api_key]),
         ],
-        lifespan=[open_proxy],
-        state=State({"gateway": gateway}),
+        lifespan=[open_proxy, sampling(charts, status, serving)],
+        state=State({"gateway": gateway, "charts": charts}),
         exception_handlers={
             ApiError: api_error_handler,
             HTTPException: http_exception_handler,

@@ -10,6 +10,7 @@ from contract.exit_codes import describe_exit
 from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import LaunchedRank
+from orchestrator.status.links import cluster_links
 from orchestrator.status.model import (
     ClusterStatus,
     NodeStatus,
@@ -41,6 +42,7 @@ def build_status(
         ranks=[_rank(process) for process in snapshot.ranks],
         serving=_serving(snapshot),
         history=[_restart(result.root) for result in snapshot.history],
+        links=cluster_links(spec),
     )
 
 

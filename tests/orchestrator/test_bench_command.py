@@ -24,7 +24,7 @@ NODES = [{"name": "a", "ip": "127.0.0.1"}]
 class Restarting(BaseHTTPRequestHandler):
     """A gateway whose gang is restarting: /health 503 with the state and reason."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = json.dumps({"status": "restarting", "reason": "rank 1 crashed (SIGKILL)"})
         self.send_response(503 if self.path == "/health" else 404)
         self.send_header("Content-Type", "application/json")
