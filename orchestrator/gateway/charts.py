@@ -47,7 +47,6 @@ class ChartSample(Struct, kw_only=True, omit_defaults=True):
     running: int | None = None
     waiting: int | None = None
     memory_used_bytes: dict[str, int] = {}  # node name -> bytes in use
-    memory_total_bytes: dict[str, int] = {}
 
 
 class ChartHistory:
@@ -90,12 +89,12 @@ class Sampler:
     def sample(
         self, serving: ServingSample | None, status: ClusterStatus, now: float, wall: float
     ) -> ChartSample:
-        point = ChartSample(t=wall, state=status.state, restarts=status.restarts)
+        # Rounded: every digit is sent to every watching page every few seconds.
+        point = ChartSample(t=round(wall, 1), state=status.state, restarts=status.restarts)
         for node in status.nodes:
             if node.memory_total_bytes and not node.usage_stale:
                 used = node.memory_total_bytes - node.memory_available_bytes
                 point.memory_used_bytes[node.name] = used
-                point.memory_total_bytes[node.name] = node.memory_total_bytes
         if serving is None:
             self._previous = None  # counters restart with the next gang: no rate across it
             self._ttft.clear()
@@ -104,9 +103,11 @@ class Sampler:
         if self._previous is not None:
             then, before = self._previous
             tokens = serving.generation_tokens - before.generation_tokens
-            point.tokens_per_s = max(tokens, 0.0) / (now - then) if now > then else None
+            rate = max(tokens, 0.0) / (now - then) if now > then else None
+            point.tokens_per_s = None if rate is None else round(rate, 2)
         self._previous = (now, serving)
-        point.ttft_p50_s, point.ttft_p99_s = self._ttft_quantiles(serving.ttft_buckets, now)
+        p50, p99 = self._ttft_quantiles(serving.ttft_buckets, now)
+        point.ttft_p50_s, point.ttft_p99_s = _ms(p50), _ms(p99)
         return point
 
     def _ttft_quantiles(self, buckets: Buckets, now: float) -> tuple[float | None, float | None]:
@@ -116,6 +117,10 @@ class Sampler:
             self._ttft.popleft()
         window = _difference(buckets, self._ttft[0][1])
         return quantile_of_histogram(window, 0.5), quantile_of_histogram(window, 0.99)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)
 
 
 def _difference(now: Buckets, then: Buckets) -> Buckets:
