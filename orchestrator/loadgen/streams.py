@@ -6,6 +6,7 @@ bench/serving.py and bench/gateway.py measure theirs with it too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -110,16 +111,23 @@ def _message(body: bytes) -> str:
 def concurrent_streams(
     url: str, bodies: list[Body], *, headers: dict[str, str] | None = None,
     on_token: OnToken | None = None, timeout_s: float = 1800.0,
+    client: httpx.Client | None = None,
 ) -> tuple[list[StreamTimes], float]:
-    """All `bodies` streamed at once, one thread each over one pooled client; returns each
-    stream's times (in the order of `bodies`) and the wall time from first send to last end."""
-    limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
+    """All `bodies` streamed at once, one thread each, over `client` (or a pooled client of
+    its own, sending `headers`); returns each stream's times (in the order of `bodies`) and
+    the wall time from the first send to the last end."""
     results: list[StreamTimes | None] = [None] * len(bodies)
-    with httpx.Client(timeout=timeout_s, limits=limits, headers=headers) as client:
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            limits = httpx.Limits(max_connections=len(bodies),
+                                  max_keepalive_connections=len(bodies))
+            client = stack.enter_context(
+                httpx.Client(timeout=timeout_s, limits=limits, headers=headers))
+        pooled = client
 
         def run(i: int) -> None:
             tick = (lambda: on_token(i)) if on_token is not None else None
-            results[i] = stream_chat(client, url, bodies[i], tick)
+            results[i] = stream_chat(pooled, url, bodies[i], tick)
 
         threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(bodies))]
         start = time.perf_counter()
