@@ -7,6 +7,7 @@ EventSource, so that it can send the API key.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -15,6 +16,9 @@ from litestar.datastructures import State
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from orchestrator.gateway.charts import ChartHistory, ChartSample
+from orchestrator.gateway.view import ClusterView
+
+DRAIN_CHECK_S = 0.5
 
 
 class HistoryMessage(msgspec.Struct, kw_only=True):
@@ -26,14 +30,21 @@ class HistoryMessage(msgspec.Struct, kw_only=True):
 @get("/live", include_in_schema=False)
 async def live_endpoint(state: State) -> ServerSentEvent:
     history: ChartHistory = state.charts
-    return ServerSentEvent(_events(history), headers={"Cache-Control": "no-store"})
+    view: ClusterView = state.gateway.view
+    return ServerSentEvent(live_events(history, view), headers={"Cache-Control": "no-store"})
 
 
-async def _events(history: ChartHistory) -> AsyncIterator[ServerSentEventMessage]:
+async def live_events(
+    history: ChartHistory, view: ClusterView
+) -> AsyncIterator[ServerSentEventMessage]:
     with history.watch() as queue:
         kept = HistoryMessage(interval_s=history.interval_s, window_s=history.window_s,
                               samples=list(history.samples))
         yield ServerSentEventMessage(event="history", data=msgspec.json.encode(kept).decode())
-        while True:
-            sample = await queue.get()
+        # Ends when shutdown begins: an open page must not hold the gateway's graceful stop.
+        while not view.draining:
+            try:
+                sample = await asyncio.wait_for(queue.get(), DRAIN_CHECK_S)
+            except TimeoutError:
+                continue
             yield ServerSentEventMessage(event="sample", data=msgspec.json.encode(sample).decode())

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.config import check_cluster_file
 from orchestrator.gateway.charts import ChartHistory, ChartSample, Sampler
+from orchestrator.gateway.live import live_events
 from orchestrator.status.links import cluster_links, record_linktest
 from orchestrator.status.model import ClusterStatus, NodeStatus
 from orchestrator.supervision.progress import ServingSample
@@ -88,3 +89,29 @@ def test_cables_with_the_last_linktest(tmp_path: Path) -> None:
                            {"from": "n1", "to": "n0", "gbs": 1.25}])
     links = cluster_links(spec)
     assert (links[0].gbs, links[1].gbs) == (1.25, None) and links[0].measured_at
+
+
+def test_live_events_history_then_samples_until_the_drain() -> None:
+    """A watcher gets every kept sample first, then each new one; the stream ends once
+    shutdown begins (an open page must not hold the graceful stop)."""
+    history = ChartHistory(interval_s=3.0)
+    history.add(ChartSample(t=1.0, state="ready"))
+
+    class View:
+        draining = False
+
+    view = View()
+
+    async def run() -> list[str]:
+        events = live_events(history, view)  # type: ignore[arg-type]
+        first = await anext(events)
+        history.add(ChartSample(t=4.0, state="ready", running=2))
+        second = await anext(events)
+        view.draining = True
+        rest = [message async for message in events]
+        return [first.event or "", str(first.data), second.event or "", str(second.data),
+                str(len(rest))]
+
+    first, kept, second, sample, rest = asyncio.run(asyncio.wait_for(run(), 5.0))
+    assert first == "history" and '"samples":[{"t":1.0' in kept
+    assert second == "sample" and '"running":2' in sample and rest == "0"
