@@ -32,8 +32,7 @@ def ready_gateway(spec: ClusterSpec, timeout_s: float = 5.0) -> Gateway | NotRea
         return NotReady("not_running", f"{name} is not running: start it with `orchestrator up`")
     url = state.api_url.removesuffix("/").removesuffix("/v1")
     key = os.environ.get(state.api_key_env) if state.api_key_env else None
-    if state.api_key_env and not key:
-        return NotReady("unknown", f"{name} wants its API key: set ${state.api_key_env}")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         health = httpx.get(f"{url}/health", timeout=timeout_s)
     except httpx.HTTPError as exc:
@@ -45,7 +44,15 @@ def ready_gateway(spec: ClusterSpec, timeout_s: float = 5.0) -> Gateway | NotRea
         why = str(body.get("reason", "")) or f"/health answered {health.status_code}"
         return NotReady(gang, f"{name} is {gang} ({why}); bench measures a ready cluster: "
                         "wait until `orchestrator status` says READY")
-    return Gateway(url, {"Authorization": f"Bearer {key}"} if key else {})
+    # The variable unset in `up`'s shell means no key: only the gateway knows. Ask it.
+    try:
+        models = httpx.get(f"{url}/v1/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return NotReady("unknown", f"{name}'s gateway at {url} stopped answering ({exc})")
+    if models.status_code == 401:
+        where = f"${state.api_key_env}" if state.api_key_env else "the key's variable"
+        return NotReady("unknown", f"{name} wants its API key: set {where} in this shell")
+    return Gateway(url, headers)
 
 
 def _json(response: httpx.Response) -> dict[str, object]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -21,23 +22,29 @@ from testkit.orchestrator_process import write_cluster
 NODES = [{"name": "a", "ip": "127.0.0.1"}]
 
 
-class Restarting(BaseHTTPRequestHandler):
-    """A gateway whose gang is restarting: /health 503 with the state and reason."""
-
-    def do_GET(self) -> None:
-        body = json.dumps({"status": "restarting", "reason": "rank 1 crashed (SIGKILL)"})
-        self.send_response(503 if self.path == "/health" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args: object) -> None:
-        return None
+Answers = dict[str, tuple[int, dict[str, object]]]
+RESTARTING: Answers = {"/health": (503, {"status": "restarting",
+                                         "reason": "rank 1 crashed (SIGKILL)"})}
+WANTS_KEY: Answers = {"/health": (200, {"status": "ready", "reason": ""}),
+                      "/v1/models": (401, {"error": {"message": "missing API key"}})}
 
 
-@pytest.fixture
-def restarting_gateway() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Restarting)
+@contextlib.contextmanager
+def stub_gateway(answers: Answers) -> Iterator[str]:
+    """A gateway answering GETs as scripted (404 for anything else); yields its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = answers.get(self.path, (404, {}))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -45,6 +52,19 @@ def restarting_gateway() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def running_at(tmp_path: Path, url: str) -> Path:
+    """A cluster.toml whose state file names this process as its orchestrator, at `url`."""
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", NODES,
+                           api={"api_key_env": "BENCH_TEST_KEY_UNSET"})
+    spec, _ = check_cluster_file(config)
+    write_state(state_path(spec), ClusterState(
+        cluster=spec.cluster.name, config=str(config), orchestrator_pid=os.getpid(),
+        orchestrator_started=own_start_time(), api_url=url,
+        api_key_env="BENCH_TEST_KEY_UNSET",
+    ))
+    return config
 
 
 def test_refuses_when_not_running(
@@ -57,21 +77,25 @@ def test_refuses_when_not_running(
     assert answer["state"] == "not_running" and "orchestrator up" in answer["reason"]
 
 
-def test_refuses_while_restarting(
-    tmp_path: Path, restarting_gateway: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_refuses_while_restarting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A live orchestrator whose /health is 503: exit 2, naming its state and reason; no
-    request is sent (the stub answers anything but /health with 404)."""
-    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", NODES)
-    spec, _ = check_cluster_file(config)
-    write_state(state_path(spec), ClusterState(
-        cluster=spec.cluster.name, config=str(config), orchestrator_pid=os.getpid(),
-        orchestrator_started=own_start_time(), api_url=restarting_gateway,
-    ))
-    assert bench(config, BenchOptions(warmup=True), as_json=False) == EXIT_NOT_READY
+    request is sent."""
+    with stub_gateway(RESTARTING) as url:
+        config = running_at(tmp_path, url)
+        assert bench(config, BenchOptions(), as_json=False) == EXIT_NOT_READY
     said = capsys.readouterr()
     assert said.out == ""
     assert "is restarting (rank 1 crashed (SIGKILL))" in said.err and "READY" in said.err
+
+
+def test_refuses_without_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ready, but the gateway wants a key this shell does not have: exit 2, naming the
+    variable to set."""
+    with stub_gateway(WANTS_KEY) as url:
+        config = running_at(tmp_path, url)
+        assert bench(config, BenchOptions(), as_json=True) == EXIT_NOT_READY
+    answer = json.loads(capsys.readouterr().out)
+    assert "set $BENCH_TEST_KEY_UNSET" in answer["reason"]
 
 
 def test_report_from_stream_times() -> None:
