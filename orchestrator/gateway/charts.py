@@ -95,7 +95,7 @@ class Sampler:
             if node.memory_total_bytes and not node.usage_stale:
                 used = node.memory_total_bytes - node.memory_available_bytes
                 point.memory_used_bytes[node.name] = used
-        if serving is None:
+        if serving is None or status.state != "ready":  # else the last gang's last figures
             self._previous = None  # counters restart with the next gang: no rate across it
             self._ttft.clear()
             return point

@@ -48,7 +48,8 @@ def test_rates_and_windowed_ttft() -> None:
     point = sampler.sample(metrics(190, 3, newest), status(), now=43.0, wall=1043.0)
     assert point.tokens_per_s == pytest.approx(10.0)
     assert point.ttft_p99_s is not None and point.ttft_p99_s <= 0.1  # the 4 fast ones only
-    down = sampler.sample(None, status("restarting", stale=True), now=46.0, wall=1046.0)
+    stale = metrics(190, 3, newest)  # the last gang's last scrape, still in the snapshot
+    down = sampler.sample(stale, status("restarting", stale=True), now=46.0, wall=1046.0)
     assert down.state == "restarting" and down.running is None and down.memory_used_bytes == {}
 
 
