@@ -47,13 +47,11 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -68,6 +66,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from contract.settings import ModelSettings, ServingSettings  # noqa: E402
+from orchestrator.loadgen.streams import (  # noqa: E402
+    chat_body,
+    concurrent_streams,
+    content_of,
+    percentile,
+)
 from serving.model.bundled import default_cache_dir  # noqa: E402
 from testkit.orchestrator_process import running, write_cluster  # noqa: E402
 from testkit.tiny_model import write_tiny_model  # noqa: E402
@@ -105,21 +109,8 @@ def pooled_client() -> httpx.Client:
     return httpx.Client(timeout=httpx.Timeout(600.0), limits=limits)
 
 
-def chat_body(model: str, text: str, max_tokens: int) -> Body:
-    return {"model": model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True}
-
-
 def completion_body(model: str, text: str) -> Body:
     return {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0}
-
-
-def content_of(line: str) -> str | None:
-    """A chat chunk's delta content ("" if none); None for a line that is no chunk."""
-    if not line.startswith("data: {"):
-        return None
-    choices = json.loads(line[6:]).get("choices") or [{}]
-    return str(choices[0].get("delta", {}).get("content") or "")
 
 
 def stream_ttft(client: httpx.Client, url: str, body: Body) -> float:
@@ -157,13 +148,6 @@ def models_latency(client: httpx.Client, url: str, _: Body) -> float:
     return time.perf_counter() - start
 
 
-def stream_chunks(client: httpx.Client, url: str, body: Body) -> int:
-    """A whole streamed chat; the number of content chunks received."""
-    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        return sum(1 for line in response.iter_lines() if content_of(line))
-
-
 def paired(
     clients: dict[str, httpx.Client], urls: dict[str, str], pairs: int,
     measure: Measure, body_for: Callable[[int], Body], spaced: bool = True,
@@ -191,25 +175,12 @@ def aggregate_rate(
 ) -> float:
     """Content chunks per second of STREAMS concurrent streams of `tokens` tokens, first
     start to last end; their prompts numbered from first_serial."""
-    counts: list[int] = []
-    lock = threading.Lock()
-
-    def run(i: int) -> None:
-        text = STORY.format(serial=first_serial + i)
-        chunks = stream_chunks(client, url, chat_body(model, text, tokens))
-        with lock:
-            counts.append(chunks)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(STREAMS)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    if len(counts) != STREAMS:
-        raise RuntimeError(f"{STREAMS - len(counts)} of {STREAMS} streams to {url} failed")
-    return sum(counts) / wall
+    bodies = [chat_body(model, STORY.format(serial=first_serial + i), tokens)
+              for i in range(STREAMS)]
+    times, wall = concurrent_streams(url, bodies, client=client)
+    if failed := [t.error for t in times if t.error]:
+        raise RuntimeError(f"{len(failed)} of {STREAMS} streams to {url} failed: {failed[0]}")
+    return sum(len(t.arrivals) for t in times) / wall
 
 
 def aggregate_rounds(
@@ -227,12 +198,6 @@ def aggregate_rounds(
             rates[path].append(rate)
             print(f"  8 streams round {round_} {path}: {rates[path][-1]:.1f} tok/s", flush=True)
     return rates
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank."""
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
 def summary_ms(values: list[float]) -> dict[str, float]:

@@ -23,7 +23,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
+from orchestrator.loadgen.streams import chat_body, concurrent_streams, stream_chat  # noqa: E402
 from serving.model.loading import resolve  # noqa: E402
 from testkit.ports import free_ports  # noqa: E402
 from testkit.rank_cluster import rank_cluster  # noqa: E402
@@ -56,17 +56,11 @@ class Figures:
 
 def stream_once(base_url: str, model: str, max_tokens: int, tag: str) -> tuple[float, list[float]]:
     """One streaming chat request; returns (start time, arrival time of each content chunk)."""
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": f"[{tag}] {PROMPT}"}]}
-    start, arrivals = time.perf_counter(), []
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=1800) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                choices = json.loads(line[6:]).get("choices") or [{}]
-                if choices[0].get("delta", {}).get("content"):
-                    arrivals.append(time.perf_counter())
-    return start, arrivals
+    with httpx.Client(timeout=1800) as client:
+        times = stream_chat(client, base_url, chat_body(model, f"[{tag}] {PROMPT}", max_tokens))
+    if times.error:
+        raise RuntimeError(f"stream to {base_url} failed: {times.error}")
+    return times.started, times.arrivals
 
 
 def measure(base_url: str, model: str, fig: Figures, args: argparse.Namespace, rep: int) -> None:
@@ -86,21 +80,11 @@ def measure(base_url: str, model: str, fig: Figures, args: argparse.Namespace, r
 
 def concurrent_rate(base_url: str, model: str, n: int, max_tokens: int, tag: str) -> float:
     """Aggregate tok/s of n simultaneous streams, first start to last end."""
-    counts: list[int] = []
-    lock = threading.Lock()
-
-    def run(i: int) -> None:
-        _, arrivals = stream_once(base_url, model, max_tokens, f"{tag}-{i}")
-        with lock:
-            counts.append(len(arrivals))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    bodies = [chat_body(model, f"[{tag}-{i}] {PROMPT}", max_tokens) for i in range(n)]
+    times, wall = concurrent_streams(base_url, bodies)
+    if failed := [t.error for t in times if t.error]:
+        raise RuntimeError(f"{len(failed)} of {n} streams to {base_url} failed: {failed[0]}")
+    return sum(len(t.arrivals) for t in times) / wall
 
 
 def metric_sum(base_url: str, name: str) -> float:

@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     restart_help = "reset the restart budget and relaunch a failed cluster"
     command("restart", restart_help, _restart, config_optional=True)
     _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
+    _bench_options(command("bench", BENCH_HELP, _bench, config_optional=True))
     sync_help = "copy the model to every node lacking it or holding another"
     _sync_options(command("sync", sync_help, _sync))
     pull_help = "download the hf: model once to this machine (resumes, verifies)"
@@ -197,6 +198,33 @@ def _bootstrap(args: argparse.Namespace) -> int:
 
     spec, _warnings = check_cluster_file(args.config)
     return bootstrap(spec, dry_run=args.dry_run, wheel_cache=args.wheel_cache, only=args.node)
+
+
+BENCH_HELP = "measure the running cluster through its gateway: TTFT, inter-token, tokens/s"
+
+
+def _bench_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--streams", type=_positive, default=4, help="concurrent streams (4)")
+    sub.add_argument("--tokens", type=_positive, default=128, help="max_tokens of each (128)")
+    sub.add_argument("--prompt-tokens", type=_positive, default=64,
+                     help="about how long each prompt is, in tokens (64)")
+    sub.add_argument("--no-warmup", action="store_true", help="skip the uncounted first request")
+    sub.add_argument("--json", action="store_true", help="no progress; print the figures as JSON")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number of at least 1")
+    return value
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from orchestrator.loadgen.command import BenchOptions, bench
+
+    options = BenchOptions(streams=args.streams, max_tokens=args.tokens,
+                           prompt_tokens=args.prompt_tokens, warmup=not args.no_warmup)
+    return bench(args.config, options, args.json)
 
 
 def _status(args: argparse.Namespace) -> int:

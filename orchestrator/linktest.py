@@ -28,6 +28,7 @@ from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import LaunchPlan, build_plan, new_launch_id
 from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.state_file import orchestrator_alive, read_state, state_path
+from orchestrator.status.links import record_linktest
 from orchestrator.transports.pool import NodePool
 
 EXIT_OK, EXIT_FAILED, EXIT_NOT_RUN = 0, 1, 2
@@ -87,6 +88,8 @@ async def _linktest(spec: ClusterSpec, min_gbps: float, as_json: bool, timeout_s
         print(f"linktest did not finish (rank exits: {codes or 'none'}):\n{tail}")
         return EXIT_FAILED
     report = LinkReport(spec, run.result, min_gbps)
+    # the status page draws each cable's GB/s
+    record_linktest(spec, [(link.from_, link.to, link.gbs) for link in report.links])
     if as_json:
         print(json.dumps(msgspec.to_builtins(report.summary()), indent=2))
     else:

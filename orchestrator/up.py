@@ -187,6 +187,7 @@ class Service:
             self.metrics,
             api_key=api_key or None,
             request_timeout_s=self.spec.serving.request_timeout_s,
+            serving=lambda: supervisor.snapshot().serving,
         )
         server = uvicorn.Server(
             uvicorn.Config(

@@ -38,6 +38,7 @@ from contract.openai_schemas import (
     CompletionRequest,
     ModelList,
 )
+from orchestrator.gateway.charts import ChartHistory, sampling
 from orchestrator.gateway.errors import (
     ClientGone,
     api_error_handler,
@@ -45,6 +46,7 @@ from orchestrator.gateway.errors import (
     unauthorized,
     unexpected_error_handler,
 )
+from orchestrator.gateway.live import live_endpoint
 from orchestrator.gateway.openapi import (
     API_KEY_HEADER,
     BEARER,
@@ -58,6 +60,7 @@ from orchestrator.gateway.proxy import TRANSPORT_ERRORS, Proxy, ProxyResult
 from orchestrator.gateway.view import ClusterView
 from orchestrator.status.model import ClusterStatus
 from orchestrator.supervision.metrics import OrchestratorMetrics
+from orchestrator.supervision.progress import ServingSample
 from orchestrator.supervision.state import GangState
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -317,8 +320,11 @@ def create_app(
     *,
     api_key: str | None,
     request_timeout_s: float,
+    serving: Callable[[], ServingSample | None] | None = None,
 ) -> Litestar:
+    """`serving`: rank 0's latest counters as the supervisor scraped them, for the charts."""
     gateway = Gateway(view, status, metrics, api_key)
+    charts = ChartHistory()
 
     @asynccontextmanager
     async def open_proxy(_: Litestar) -> AsyncIterator[None]:
@@ -333,9 +339,10 @@ def create_app(
         route_handlers=[
             v1_router(api_key is not None), page, health_endpoint, status_endpoint,
             metrics_endpoint,
+            Router("/status", route_handlers=[live_endpoint], guards=[require_api_key]),
         ],
-        lifespan=[open_proxy],
-        state=State({"gateway": gateway}),
+        lifespan=[open_proxy, sampling(charts, status, serving)],
+        state=State({"gateway": gateway, "charts": charts}),
         exception_handlers={
             ApiError: api_error_handler,
             HTTPException: http_exception_handler,

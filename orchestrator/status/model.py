@@ -7,6 +7,13 @@ from msgspec import Struct, field
 from contract.placement import Placement
 
 
+class LayerRange(Struct, kw_only=True):
+    """The model layers a pipeline rank holds: [start, end)."""
+
+    start: int
+    end: int
+
+
 class NodeStatus(Struct, kw_only=True):
     name: str
     transport: str
@@ -26,6 +33,19 @@ class NodeStatus(Struct, kw_only=True):
     mlx_lm_version: str = ""
     blas: str = ""
     rdma: str = ""
+    # This node's share of the model in pipeline mode (None: tensor parallel, an equal
+    # slice of every layer on each rank). Filled by whoever places the pipeline's split.
+    layers: LayerRange | None = None
+
+
+class LinkStatus(Struct, kw_only=True):
+    """A cable between two nodes' ranks, with what the last `orchestrator linktest` measured
+    on it (None: not measured since the file was written, or never)."""
+
+    a: str  # node names
+    b: str
+    gbs: float | None = None  # GB/s, one direction
+    measured_at: float | None = None  # unix time of that linktest
 
 
 class RankStatus(Struct, kw_only=True):
@@ -67,3 +87,4 @@ class ClusterStatus(Struct, kw_only=True):
     serving: ServingStatus = field(default_factory=ServingStatus)
     history: list[RestartEntry] = []  # the latest gang failures, oldest first
     placement: Placement | None = None  # tensor or pipeline, and each rank's share
+    links: list[LinkStatus] = []  # the cables between ranks, for the page's drawing

@@ -11,8 +11,10 @@ from contract.fingerprint import NodeFingerprint
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import LaunchedRank
+from orchestrator.status.links import cluster_links
 from orchestrator.status.model import (
     ClusterStatus,
+    LayerRange,
     NodeStatus,
     RankStatus,
     RestartEntry,
@@ -41,11 +43,12 @@ def build_status(
         restarts=snapshot.restarts,
         last_cause=failure.summary() if failure else "",
         orchestrator_pid=os.getpid(),
-        nodes=[_node(connection) for connection in nodes],
+        nodes=[_node(connection, _layers(placement, connection.spec.name)) for connection in nodes],
         ranks=[_rank(process) for process in snapshot.ranks],
         serving=_serving(snapshot),
         history=[_restart(result.root) for result in snapshot.history],
         placement=placement,
+        links=cluster_links(spec),
     )
 
 
@@ -54,13 +57,22 @@ def _restart(failure: RankFailure) -> RestartEntry:
     return RestartEntry(at=wall, cause=failure.cause.value, summary=failure.summary())
 
 
-def _node(connection: NodeConnection) -> NodeStatus:
+def _layers(placement: Placement | None, node: str) -> LayerRange | None:
+    """The node's layers in pipeline mode (None in tensor mode)."""
+    for share in placement.ranks if placement else []:
+        if share.node == node and share.layers:
+            return LayerRange(start=share.layers[0], end=share.layers[1])
+    return None
+
+
+def _node(connection: NodeConnection, layers: LayerRange | None) -> NodeStatus:
     spec = connection.spec
     status = NodeStatus(
         name=spec.name,
         transport=spec.transport,
         host=spec.ssh or "localhost",
         connected=connection.connected,
+        layers=layers,
     )
     if connection.fingerprint is not None:
         _fill_from_fingerprint(status, connection.fingerprint)

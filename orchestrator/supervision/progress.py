@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +23,9 @@ class ServingSample:
     waiting: float = 0.0
     generation_tokens: float = 0.0
     ttft_p50_s: float | None = None  # from rank 0's histogram, over its whole life
+    # The TTFT histogram itself, cumulative (upper bound, count): the page's charts take
+    # quantiles over a recent window from the difference of two samples.
+    ttft_buckets: list[tuple[float, float]] = field(default_factory=list)
 
 
 class Rank0Probe:
@@ -75,22 +78,28 @@ def parse_sample(metrics_text: str) -> ServingSample:
         waiting=value(metric_names.REQUESTS_WAITING),
         generation_tokens=value(metric_names.GENERATION_TOKENS),
         ttft_p50_s=median_of_histogram(ttft),
+        ttft_buckets=ttft,
     )
 
 
 def median_of_histogram(buckets: list[tuple[float, float]]) -> float | None:
-    """The median from cumulative (upper bound, count) buckets, interpolated within its
+    return quantile_of_histogram(buckets, 0.5)
+
+
+def quantile_of_histogram(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The q-quantile from cumulative (upper bound, count) buckets, interpolated within its
     bucket as Prometheus' histogram_quantile does; None with no observation."""
     buckets = sorted(buckets)
     total = buckets[-1][1] if buckets else 0.0
     if not total:
         return None
+    rank = q * total
     below, lower = 0.0, 0.0
     for upper, count in buckets:
-        if count >= total / 2:
+        if count >= rank:
             if upper == float("inf"):
                 return lower
-            share = (total / 2 - below) / (count - below) if count > below else 1.0
+            share = (rank - below) / (count - below) if count > below else 1.0
             return lower + (upper - lower) * share
         below, lower = count, upper
     return None

@@ -12,31 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from testkit.chromium import chromium
 from testkit.orchestrator_process import run_cli, running, write_cluster
 
 pytestmark = pytest.mark.timeout(420)
-CHROMIUM = "/usr/bin/chromium"
-REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_CHROMIUM"
 KEY = "page-key-1"
-# As root in a container, with no network to phone home to.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{CHROMIUM} is missing and {REQUIRE_ENV}=1")
-        pytest.skip("chromium is missing (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with chromium() as launched:
+        yield launched
 
 
 def test_the_page_shows_the_cluster_chats_and_follows_a_restart(

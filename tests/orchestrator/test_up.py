@@ -167,6 +167,24 @@ def test_health_needs_no_key(smollm_cluster: Cluster) -> None:
     assert response.status_code == 200 and response.json()["status"] == "ready"
 
 
+def test_bench_measures_the_cluster(smollm_cluster: Cluster) -> None:
+    """`orchestrator bench --json` streams through the gateway: every stream done, sane figures."""
+    result = run_cli("bench", str(smollm_cluster.config), "--json", "--streams", "3",
+                     "--tokens", "24", "--prompt-tokens", "100", env=KEY_ENV, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["errors"] == 0 and figures["error_messages"] == []
+    assert figures["streams"] == 3 and 3 <= figures["tokens"] <= 3 * 24
+    assert 50 <= figures["prompt_tokens"] <= 200  # the server's count of "about 100"
+    ttft, gap = figures["ttft_s"], figures["inter_token_s"]
+    assert 0 < ttft["p50"] <= ttft["p99"] <= ttft["max"] < figures["wall_s"]
+    assert 0 < gap["p50"] <= gap["p99"] < 30
+    assert figures["tokens_per_s"] == pytest.approx(figures["tokens"] / figures["wall_s"])
+    table = run_cli("bench", str(smollm_cluster.config), "--streams", "1", "--tokens", "4",
+                    env=KEY_ENV, timeout=300)
+    assert table.returncode == 0 and "TTFT" in table.stdout and "tokens/s" in table.stdout
+
+
 def test_second_up_is_refused(smollm_cluster: Cluster) -> None:
     """A second `up` of the same cluster refuses to start and names the running one."""
     result = run_cli("up", str(smollm_cluster.config), env=KEY_ENV)

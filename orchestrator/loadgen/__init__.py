@@ -1,0 +1,1 @@
+"""Load on a running cluster, timed token by token: `orchestrator bench` and the benchmarks."""
