@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from testkit import require
 from testkit.orchestrator_process import run_cli, running, write_cluster
+from testkit.require import missing
 
 pytestmark = pytest.mark.timeout(420)
 CHROMIUM = "/usr/bin/chromium"
-REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_CHROMIUM"
 KEY = "page-key-1"
 # As root in a container, with no network to phone home to.
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -26,9 +27,7 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
 @pytest.fixture
 def browser() -> Iterator[object]:
     if not Path(CHROMIUM).exists():
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{CHROMIUM} is missing and {REQUIRE_ENV}=1")
-        pytest.skip("chromium is missing (apt-get install chromium)")
+        missing(f"{CHROMIUM} is missing (apt-get install chromium)", require.CHROMIUM)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
