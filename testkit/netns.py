@@ -113,6 +113,12 @@ class MultiHost:
         peer = -1 if self.topology == "switch" else (i - 1) % len(self.hosts)
         return host.data_ips[peer]
 
+    def mgmt_bytes_in(self, i: int) -> int:
+        """Bytes delivered into host i over its management link (SSH, so sync's copies):
+        the kernel's counter on our end of its veth, whatever the sender reports."""
+        counter = Path(f"/sys/class/net/{self.prefix}m{i}/statistics/tx_bytes")
+        return int(counter.read_text())
+
     def node(self, i: int, **overrides: Any) -> dict[str, Any]:
         """A cluster.toml [[nodes]] table reaching host i over SSH with strict host keys."""
         table: dict[str, Any] = {
