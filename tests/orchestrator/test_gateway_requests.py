@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import signal
 import threading
 import time
 import tomllib
@@ -13,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testkit.orchestrator_process import Orchestrator, running, write_cluster
+from testkit.orchestrator_process import Orchestrator, running, wait_gone, write_cluster
 
 pytestmark = pytest.mark.timeout(300)
 # Tokens a leaving client asked for: no machine makes that many in the clients' 1.5 s
@@ -122,6 +124,44 @@ def test_clients_that_leave_free_their_batch_slots(gateway: Gateway, stream: boo
     reply = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
     served_s = time.monotonic() - started
     assert reply.status_code == 200 and served_s < 3.0, (reply.status_code, served_s)
+
+
+def test_a_second_ctrl_c_skips_the_drain(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Ctrl-C while a stream runs that cannot end within stop_grace_s (30 s): `up` drains,
+    still there a second later; a second Ctrl-C ends it and its ranks within seconds."""
+    config = write_cluster(
+        tmp_path, str(tiny_model_dir), [{"name": "a"}],
+        supervisor={"standby_ranks": False, "stop_grace_s": 30.0},
+        model={"context_length": LONG + 100}, serving={"max_tokens_limit": LONG},
+    )
+    api = tomllib.loads(config.read_text())["api"]
+    url = f"http://{api['host']}:{api['port']}"
+    streaming = threading.Event()
+
+    def stream() -> None:
+        body = {"model": tiny_model_dir.name, "prompt": "Tell", "max_tokens": LONG,
+                "stream": True}
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+            "POST", f"{url}/v1/completions", json=body, timeout=60
+        ) as reply:
+            for _ in reply.iter_raw():
+                streaming.set()
+
+    with running(config, url=url) as orchestrator:
+        pids = orchestrator.remember_descendants()
+        client = threading.Thread(target=stream)
+        client.start()
+        assert streaming.wait(30)
+        orchestrator.process.send_signal(signal.SIGINT)
+        time.sleep(1.5)
+        assert orchestrator.process.poll() is None, "the first Ctrl-C did not wait for the stream"
+        second = time.monotonic()
+        orchestrator.process.send_signal(signal.SIGINT)
+        orchestrator.wait_exit(15)
+        exited_s = time.monotonic() - second
+        client.join(30)
+        assert wait_gone(pids, 5) == set()
+    assert exited_s < 5.0, exited_s
 
 
 @pytest.mark.parametrize("path", ["/v1/../health", "/v1/%2e%2e/metrics", "/v1/./models",
