@@ -15,6 +15,11 @@ class Reference:
     tokens: list[int]
     text: str
     logprobs: list[float]  # of each chosen token, log-softmax of the raw logits
+    stopped: bool  # ended on EOS (which, as vLLM and our ranks do, counts as a token)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens) + self.stopped
 
 
 def load(model_dir: Path) -> tuple[Any, Any]:
@@ -40,13 +45,14 @@ def greedy(
     stream_generate = sys.modules["mlx_lm.generate"].stream_generate  # the module, not the fn
     tokens: list[int] = []
     logprobs: list[float] = []
-    text = ""
+    text, stopped = "", False
     for response in stream_generate(
         model, tokenizer, prompt, max_tokens=max_tokens, prefill_step_size=prefill_step_size
     ):
         text += response.text
         if response.finish_reason == "stop":
-            break  # the EOS token is not part of the answer (on the ranks neither)
+            stopped = True  # the EOS token is not part of the text (on the ranks neither)
+            break
         tokens.append(int(response.token))
         logprobs.append(float(response.logprobs[response.token]))
-    return Reference(tokens, text, logprobs)
+    return Reference(tokens, text, logprobs, stopped)
