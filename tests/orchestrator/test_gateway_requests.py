@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import signal
 import threading
 import time
@@ -15,7 +16,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testkit.orchestrator_process import Orchestrator, running, wait_gone, write_cluster
+from testkit.orchestrator_process import (
+    Orchestrator,
+    run_cli,
+    running,
+    wait_gone,
+    write_cluster,
+)
 
 pytestmark = pytest.mark.timeout(300)
 # Tokens a leaving client asked for: no machine makes that many in the clients' 1.5 s
@@ -24,9 +31,18 @@ LONG = 190_000
 BATCH = 6  # batch slots: the six clients fill them all, so the next request needs a freed one
 
 
+def without_eos(model_dir: Path) -> dict[str, float]:
+    """A logit_bias that keeps a sampled answer from ending on EOS before max_tokens."""
+    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    return {str(token): -100.0 for token in (eos if isinstance(eos, list) else [eos])}
+
+
 class Gateway:
-    def __init__(self, url: str, rank0_url: str, model: str, orchestrator: Orchestrator) -> None:
-        self.url, self.rank0_url, self.model = url, rank0_url, model
+    def __init__(
+        self, url: str, rank0_url: str, model_dir: Path, orchestrator: Orchestrator
+    ) -> None:
+        self.url, self.rank0_url, self.model = url, rank0_url, model_dir.name
+        self.logit_bias = without_eos(model_dir)
         self.orchestrator = orchestrator
         self.host, port = url.removeprefix("http://").split(":")
         self.port = int(port)
@@ -79,12 +95,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
     url = f"http://{data['api']['host']}:{data['api']['port']}"
     with running(config, url=url) as orchestrator:
         rank0_url = f"http://127.0.0.1:{data['serving']['rank_api_port']}"
-        yield Gateway(url, rank0_url, tiny_model_dir.name, orchestrator)
+        yield Gateway(url, rank0_url, tiny_model_dir, orchestrator)
 
 
 def give_up_after(gateway: Gateway, seconds: float, stream: bool, errors: list[str]) -> None:
     """Wait `seconds` for the answer (a stream: read it that long), then hang up."""
-    body = {"model": gateway.model, "prompt": "Tell", "max_tokens": LONG, "stream": stream}
+    body = {"model": gateway.model, "prompt": "Tell", "max_tokens": LONG, "stream": stream,
+            "logit_bias": gateway.logit_bias}
     deadline = time.monotonic() + seconds
     try:
         with httpx.stream("POST", f"{gateway.url}/v1/completions", json=body,
@@ -126,9 +143,12 @@ def test_clients_that_leave_free_their_batch_slots(gateway: Gateway, stream: boo
     assert reply.status_code == 200 and served_s < 3.0, (reply.status_code, served_s)
 
 
-def test_a_second_ctrl_c_skips_the_drain(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """Ctrl-C while a stream runs that cannot end within stop_grace_s (30 s): `up` drains,
-    still there a second later; a second Ctrl-C ends it and its ranks within seconds."""
+def test_down_drains_and_a_second_ctrl_c_skips_the_drain(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`down` while two streams run: one of about 3 s is drained to its normal end; the
+    other cannot end within stop_grace_s (30 s), so `up` is still there after the first;
+    a second Ctrl-C ends it and its ranks within seconds."""
     config = write_cluster(
         tmp_path, str(tiny_model_dir), [{"name": "a"}],
         supervisor={"standby_ranks": False, "stop_grace_s": 30.0},
@@ -136,30 +156,47 @@ def test_a_second_ctrl_c_skips_the_drain(tmp_path: Path, tiny_model_dir: Path) -
     )
     api = tomllib.loads(config.read_text())["api"]
     url = f"http://{api['host']}:{api['port']}"
+    body = {"model": tiny_model_dir.name, "prompt": "Tell", "max_tokens": 200,
+            "logit_bias": without_eos(tiny_model_dir)}
     streaming = threading.Event()
+    short: list[str] = []  # its data lines, then when it ended
 
-    def stream() -> None:
-        body = {"model": tiny_model_dir.name, "prompt": "Tell", "max_tokens": LONG,
-                "stream": True}
+    def stream(max_tokens: int, lines: list[str] | None = None) -> None:
         with contextlib.suppress(httpx.HTTPError), httpx.stream(
-            "POST", f"{url}/v1/completions", json=body, timeout=60
+            "POST", f"{url}/v1/completions", timeout=60,
+            json={**body, "max_tokens": max_tokens, "stream": True},
         ) as reply:
-            for _ in reply.iter_raw():
+            for line in reply.iter_lines():
                 streaming.set()
+                if lines is not None and line:
+                    lines.append(line)
+        if lines is not None:
+            lines.append(str(time.monotonic()))
 
     with running(config, url=url) as orchestrator:
         pids = orchestrator.remember_descendants()
-        client = threading.Thread(target=stream)
-        client.start()
+        started = time.monotonic()
+        httpx.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
+        # About 3 s of tokens on this machine: it outlasts `down`'s start, not the grace.
+        tokens = min(LONG, int(3.0 * 200 / (time.monotonic() - started)))
+        endless = threading.Thread(target=stream, args=(LONG,))
+        endless.start()
         assert streaming.wait(30)
-        orchestrator.process.send_signal(signal.SIGINT)
-        time.sleep(1.5)
-        assert orchestrator.process.poll() is None, "the first Ctrl-C did not wait for the stream"
+        drained = threading.Thread(target=stream, args=(tokens, short))
+        drained.start()
+        down = threading.Thread(target=run_cli, args=("down", str(config)))
+        down.start()
+        drained.join(30)
+        assert short[-2] == "data: [DONE]" and '"finish_reason":"length"' in short[-3], short[-3:]
+        stopping = [at for at, line in orchestrator.lines if "stopping: " in line]
+        assert stopping and stopping[0] < float(short[-1]), "it ended before the stop began"
+        assert orchestrator.process.poll() is None, "`down` did not wait for the endless stream"
         second = time.monotonic()
         orchestrator.process.send_signal(signal.SIGINT)
         orchestrator.wait_exit(15)
         exited_s = time.monotonic() - second
-        client.join(30)
+        endless.join(30)
+        down.join(30)
         assert wait_gone(pids, 5) == set()
     assert exited_s < 5.0, exited_s
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,8 +50,7 @@ def smollm_cluster(
     """Three local ranks serving the bundled SmolLM2 over ring, with an API key."""
     tmp = tmp_path_factory.mktemp("up3")
     config = write_cluster(
-        tmp, "bundled:smollm2-135m-instruct", LOCAL3, api={"api_key_env": "TEST_ORCHESTRATOR_KEY"},
-        supervisor={"stop_grace_s": 15.0},  # the stream test_down_leaves_nothing drains
+        tmp, "bundled:smollm2-135m-instruct", LOCAL3, api={"api_key_env": "TEST_ORCHESTRATOR_KEY"}
     )
     url = _api_url(config)
     with running(config, KEY_ENV, url) as orchestrator:
@@ -183,37 +181,13 @@ def test_second_up_is_refused(smollm_cluster: Cluster) -> None:
 
 
 def test_down_leaves_nothing(smollm_cluster: Cluster) -> None:
-    """`down` stops the orchestrator gracefully: a stream it finds running is drained to its
-    end; no process of the cluster is left (runs last)."""
+    """`down` stops the orchestrator gracefully; no process of the cluster is left (runs last).
+    (Its drain: test_gateway_requests.py, on a cluster that answers faster.)"""
     pids = smollm_cluster.orchestrator.remember_descendants() | {
         smollm_cluster.orchestrator.process.pid
     }
     assert len(pids) >= 7  # orchestrator, 3 agents, 3 ranks
-    auth = {"Authorization": f"Bearer {API_KEY}"}
-    body = {"model": "smollm2-135m-instruct", "prompt": "Once upon a time", "max_tokens": 8,
-            "temperature": 0}
-    started = time.monotonic()
-    httpx.post(f"{smollm_cluster.url}/v1/completions", json=body, headers=auth,
-               timeout=60).raise_for_status()
-    # A stream of about 4 s on this machine: it outlasts `down`'s start, not stop_grace_s.
-    body["max_tokens"] = max(8, min(400, int(4.0 * 8 / (time.monotonic() - started))))
-    body["stream"] = True
-    downs: list[subprocess.CompletedProcess[str]] = []
-    config = str(smollm_cluster.config)
-    down = threading.Thread(target=lambda: downs.append(run_cli("down", config)))
-    with httpx.stream("POST", f"{smollm_cluster.url}/v1/completions", json=body, timeout=60,
-                      headers=auth) as stream:
-        lines = (line for line in stream.iter_lines() if line.startswith("data: "))
-        first = next(lines)
-        down.start()  # while the stream runs
-        rest = list(lines)
-        ended = time.monotonic()
-    down.join(120)
-    assert '"text"' in first and rest[-1] == "data: [DONE]", rest[-3:]
-    assert '"finish_reason":"length"' in rest[-2], rest[-3:]
-    stopping = [at for at, line in smollm_cluster.orchestrator.lines if "stopping: " in line]
-    assert stopping and stopping[0] < ended, "the stream ended before the stop began"
-    result = downs[0]
+    result = run_cli("down", str(smollm_cluster.config))
     assert result.returncode == 0, result.stderr
     assert smollm_cluster.orchestrator.wait_exit() == 0
     assert wait_gone(pids) == set()
