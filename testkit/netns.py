@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import ipaddress
-import os
 import random
 import secrets
 import shlex
@@ -41,6 +40,8 @@ from typing import Any, Literal, Protocol
 import psutil
 import pytest
 
+from testkit import require
+from testkit.require import missing
 from testkit.sshd import SSHD, keygen, sshd_config, stop_process, wait_listening
 
 Topology = Literal["switch", "ring"]
@@ -111,6 +112,12 @@ class MultiHost:
         host = self.hosts[i]
         peer = -1 if self.topology == "switch" else (i - 1) % len(self.hosts)
         return host.data_ips[peer]
+
+    def mgmt_bytes_in(self, i: int) -> int:
+        """Bytes delivered into host i over its management link (SSH, so sync's copies):
+        the kernel's counter on our end of its veth, whatever the sender reports."""
+        counter = Path(f"/sys/class/net/{self.prefix}m{i}/statistics/tx_bytes")
+        return int(counter.read_text())
 
     def node(self, i: int, **overrides: Any) -> dict[str, Any]:
         """A cluster.toml [[nodes]] table reaching host i over SSH with strict host keys."""
@@ -358,9 +365,6 @@ def _kill_all(host: Host) -> None:
             psutil.Process(pid).kill()
 
 
-REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_NETNS"
-
-
 class HostsFactory(Protocol):
     def __call__(self, count: int, topology: Topology, tmpfs: TmpfsSpec = None) -> MultiHost: ...
 
@@ -371,9 +375,7 @@ def netns_hosts(tmp_path: Path) -> Iterator[HostsFactory]:
     Skips where namespaces cannot be made, unless ORCHESTRATOR_TESTS_REQUIRE_NETNS=1 (CI)."""
     reason = usable()
     if reason is not None:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{reason}, and {REQUIRE_ENV}=1")
-        pytest.skip(reason)
+        missing(reason, require.NETNS)
     with contextlib.ExitStack() as stack:
         made = 0
 

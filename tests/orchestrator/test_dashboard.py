@@ -19,12 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testkit import require
 from testkit.orchestrator_process import run_cli, running, write_cluster
 from testkit.ports import free_port
+from testkit.require import missing
 
 pytestmark = pytest.mark.timeout(300)
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_PROMETHEUS"
 # Grafana fills these in; the test stands in with what they would be at a 1 s scrape.
 VARIABLES = {"$__rate_interval": "1m", "$__interval": "5s", "${datasource}": ""}
 THRESHOLD = re.compile(r"\s*(<|>|<=|>=|==|!=)\s*[\d.]+\s*$")  # an alert's comparison
@@ -72,9 +73,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A real Prometheus (Debian's); yields (its config file, its URL); stopped by PID."""
     binary = shutil.which("prometheus")
     if binary is None:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"prometheus is missing and {REQUIRE_ENV}=1")
-        pytest.skip("prometheus is missing (apt-get install prometheus)")
+        missing("prometheus is missing (apt-get install prometheus)", require.PROMETHEUS)
     port = free_port()
     config = tmp_path / "prometheus.yml"
     yield config, f"http://127.0.0.1:{port}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import json
+import signal
 import threading
 import time
 import tomllib
@@ -13,27 +16,55 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from testkit.orchestrator_process import running, write_cluster
+from testkit.orchestrator_process import (
+    Orchestrator,
+    run_cli,
+    running,
+    wait_gone,
+    write_cluster,
+)
 
 pytestmark = pytest.mark.timeout(300)
-LONG = 4000  # tokens: far longer than the clients below wait
+# Tokens a leaving client asked for: no machine makes that many in the clients' 1.5 s
+# (the tiny model's context is raised to fit them), so only a cancel can end them.
+LONG = 190_000
+BATCH = 6  # batch slots: the six clients fill them all, so the next request needs a freed one
+
+
+def without_eos(model_dir: Path) -> dict[str, float]:
+    """A logit_bias that keeps a sampled answer from ending on EOS before max_tokens."""
+    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    return {str(token): -100.0 for token in (eos if isinstance(eos, list) else [eos])}
 
 
 class Gateway:
-    def __init__(self, url: str, model: str) -> None:
-        self.url, self.model = url, model
+    def __init__(
+        self, url: str, rank0_url: str, model_dir: Path, orchestrator: Orchestrator
+    ) -> None:
+        self.url, self.rank0_url, self.model = url, rank0_url, model_dir.name
+        self.logit_bias = without_eos(model_dir)
+        self.orchestrator = orchestrator
         self.host, port = url.removeprefix("http://").split(":")
         self.port = int(port)
 
-    def pending(self) -> float:
-        """Requests rank 0 still runs or queues, read through the gateway's /metrics."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name in ("serving_requests_running", "serving_requests_waiting")
-        )
+    def rank0_metric(self, name: str, **labels: str) -> float:
+        """A serving_* sample from rank 0's own /metrics: an error or a missing sample
+        fails the test, never reads as 0."""
+        reply = httpx.get(f"{self.rank0_url}/metrics", timeout=10)
+        reply.raise_for_status()
+        for family in text_string_to_metric_families(reply.text):
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    return sample.value
+        raise AssertionError(f"rank 0's /metrics has no {name} {labels}")
+
+    def finished(self) -> float:
+        return sum(self.rank0_metric("serving_requests_finished_total", finish_reason=reason)
+                   for reason in ("stop", "length"))
+
+    def cancels_logged(self) -> int:
+        """Rank 0's own log lines for requests it removed because their client left."""
+        return sum("(cancelled)" in line for line in self.orchestrator.output)
 
     def raw(self, method: str, path: str, body: bytes = b"", **headers: str) -> tuple[int, str]:
         """A request sent as is: no client-side path normalisation or header encoding."""
@@ -54,17 +85,23 @@ class Gateway:
 def gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Gateway]:
     """One local rank of the tiny model behind the gateway."""
     tmp = tmp_path_factory.mktemp("gateway")
-    config = write_cluster(tmp, str(tiny_model_dir), [{"name": "a"}], supervisor={
-        "standby_ranks": False})
-    api = tomllib.loads(config.read_text())["api"]
-    url = f"http://{api['host']}:{api['port']}"
-    with running(config, url=url):
-        yield Gateway(url, tiny_model_dir.name)
+    config = write_cluster(
+        tmp, str(tiny_model_dir), [{"name": "a"}],
+        supervisor={"standby_ranks": False},
+        model={"context_length": LONG + 100},
+        serving={"max_tokens_limit": LONG, "max_batch_size": BATCH},
+    )
+    data = tomllib.loads(config.read_text())
+    url = f"http://{data['api']['host']}:{data['api']['port']}"
+    with running(config, url=url) as orchestrator:
+        rank0_url = f"http://127.0.0.1:{data['serving']['rank_api_port']}"
+        yield Gateway(url, rank0_url, tiny_model_dir, orchestrator)
 
 
 def give_up_after(gateway: Gateway, seconds: float, stream: bool, errors: list[str]) -> None:
     """Wait `seconds` for the answer (a stream: read it that long), then hang up."""
-    body = {"model": gateway.model, "prompt": "Tell", "max_tokens": LONG, "stream": stream}
+    body = {"model": gateway.model, "prompt": "Tell", "max_tokens": LONG, "stream": stream,
+            "logit_bias": gateway.logit_bias}
     deadline = time.monotonic() + seconds
     try:
         with httpx.stream("POST", f"{gateway.url}/v1/completions", json=body,
@@ -79,12 +116,14 @@ def give_up_after(gateway: Gateway, seconds: float, stream: bool, errors: list[s
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_clients_that_leave_free_their_batch_slots(gateway: Gateway, stream: bool) -> None:
-    """Six clients give up after 1.5 s: rank 0 drops their requests (it ran them for
-    minutes before); the next request is served at once."""
+    """Six clients fill every batch slot with requests no machine finishes in time and
+    give up after 1.5 s: rank 0 logs each one cancelled, finishes none and runs none; the
+    next request gets a freed slot and is served at once."""
     errors: list[str] = []
+    cancels, finished = gateway.cancels_logged(), gateway.finished()
     clients = [
         threading.Thread(target=give_up_after, args=(gateway, 1.5, stream, errors))
-        for _ in range(6)
+        for _ in range(BATCH)
     ]
     for client in clients:
         client.start()
@@ -92,11 +131,74 @@ def test_clients_that_leave_free_their_batch_slots(gateway: Gateway, stream: boo
         client.join(30)
     assert errors == []
     deadline = time.monotonic() + 10
-    while gateway.pending() and time.monotonic() < deadline:
+    while gateway.cancels_logged() - cancels < BATCH and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert gateway.pending() == 0
+    assert gateway.cancels_logged() - cancels == BATCH, gateway.orchestrator.text[-3000:]
+    assert gateway.rank0_metric("serving_requests_pending") == 0
+    assert gateway.finished() == finished
     body = {"model": gateway.model, "prompt": "Hi", "max_tokens": 4}
-    assert httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30).status_code == 200
+    started = time.monotonic()
+    reply = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
+    served_s = time.monotonic() - started
+    assert reply.status_code == 200 and served_s < 3.0, (reply.status_code, served_s)
+
+
+def test_down_drains_and_a_second_ctrl_c_skips_the_drain(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`down` while two streams run: one of about 3 s is drained to its normal end; the
+    other cannot end within stop_grace_s (30 s), so `up` is still there after the first;
+    a second Ctrl-C ends it and its ranks within seconds."""
+    config = write_cluster(
+        tmp_path, str(tiny_model_dir), [{"name": "a"}],
+        supervisor={"standby_ranks": False, "stop_grace_s": 30.0},
+        model={"context_length": LONG + 100}, serving={"max_tokens_limit": LONG},
+    )
+    api = tomllib.loads(config.read_text())["api"]
+    url = f"http://{api['host']}:{api['port']}"
+    body = {"model": tiny_model_dir.name, "prompt": "Tell", "max_tokens": 200,
+            "logit_bias": without_eos(tiny_model_dir)}
+    streaming = threading.Event()
+    short: list[str] = []  # its data lines, then when it ended
+
+    def stream(max_tokens: int, lines: list[str] | None = None) -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+            "POST", f"{url}/v1/completions", timeout=60,
+            json={**body, "max_tokens": max_tokens, "stream": True},
+        ) as reply:
+            for line in reply.iter_lines():
+                streaming.set()
+                if lines is not None and line:
+                    lines.append(line)
+        if lines is not None:
+            lines.append(str(time.monotonic()))
+
+    with running(config, url=url) as orchestrator:
+        pids = orchestrator.remember_descendants()
+        started = time.monotonic()
+        httpx.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
+        # About 3 s of tokens on this machine: it outlasts `down`'s start, not the grace.
+        tokens = min(LONG, int(3.0 * 200 / (time.monotonic() - started)))
+        endless = threading.Thread(target=stream, args=(LONG,))
+        endless.start()
+        assert streaming.wait(30)
+        drained = threading.Thread(target=stream, args=(tokens, short))
+        drained.start()
+        down = threading.Thread(target=run_cli, args=("down", str(config)))
+        down.start()
+        drained.join(30)
+        assert short[-2] == "data: [DONE]" and '"finish_reason":"length"' in short[-3], short[-3:]
+        stopping = [at for at, line in orchestrator.lines if "stopping: " in line]
+        assert stopping and stopping[0] < float(short[-1]), "it ended before the stop began"
+        assert orchestrator.process.poll() is None, "`down` did not wait for the endless stream"
+        second = time.monotonic()
+        orchestrator.process.send_signal(signal.SIGINT)
+        orchestrator.wait_exit(15)
+        exited_s = time.monotonic() - second
+        endless.join(30)
+        down.join(30)
+        assert wait_gone(pids, 5) == set()
+    assert exited_s < 5.0, exited_s
 
 
 @pytest.mark.parametrize("path", ["/v1/../health", "/v1/%2e%2e/metrics", "/v1/./models",

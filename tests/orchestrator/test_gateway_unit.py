@@ -1,5 +1,6 @@
-"""The gateway through Litestar's test client, against fake rank 0s: a real HTTP server
-whose answers each test scripts as a function from httpx.Request to httpx.Response."""
+"""The gateway through Litestar's test client (or on a real uvicorn server where a client
+must hang up), against fake rank 0s: a real HTTP server whose answers each test scripts as
+a function from httpx.Request to httpx.Response."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from aiohttp import web
 from litestar.testing import AsyncTestClient
 
@@ -141,11 +143,14 @@ def gateway() -> Iterator[Callable[..., Any]]:
     """(view, handler for rank 0's requests, api key) -> test client and metrics."""
     with contextlib.ExitStack() as servers:
 
-        def make(view: FakeView, handler: Handler, api_key: str | None = None) -> Any:
+        def make(
+            view: FakeView, handler: Handler, api_key: str | None = None,
+            request_timeout_s: float = 5.0,
+        ) -> Any:
             view.base_url = servers.enter_context(fake_rank0(handler))
             metrics = OrchestratorMetrics()
             app = gateway_app.create_app(
-                view, status, metrics, api_key=api_key, request_timeout_s=5.0
+                view, status, metrics, api_key=api_key, request_timeout_s=request_timeout_s
             )
             return AsyncTestClient(app=app), metrics
 
@@ -229,6 +234,67 @@ async def test_a_request_held_during_a_restart_goes_to_the_next_gang(
         reply = await client.post("/v1/completions", json=BODY)
     assert time.monotonic() - started >= 0.3
     assert reply.status_code == 200 and reply.json() == {"served_by": "rank0-l2"}
+
+
+async def test_a_request_held_past_request_timeout_s_gets_503(
+    gateway: Callable[..., Any],
+) -> None:
+    """No gang ready within request_timeout_s of its arrival: 503 cluster_unavailable with
+    Retry-After 5, then and not much later."""
+    view = FakeView()
+    view.to(GangState.RESTARTING)
+    client, _ = gateway(view, ok, request_timeout_s=0.5)
+    async with client:
+        started = time.monotonic()
+        reply = await client.post("/v1/completions", json=BODY)
+    waited = time.monotonic() - started
+    assert 0.5 <= waited < 1.5, waited
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "5"
+    assert reply.json()["error"]["code"] == "cluster_unavailable"
+
+
+@contextlib.contextmanager
+def on_uvicorn(app: Any) -> Iterator[str]:
+    """The app on a real uvicorn server on 127.0.0.1, in a thread of its own: a client that
+    hangs up is seen as one (the test client cannot hang up)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_held_request_whose_client_left_is_dropped_not_forwarded(
+    gateway: Callable[..., Any],
+) -> None:
+    """While restarting, a client gives up on its held request: the next gang never gets
+    it; a request sent then is forwarded as usual."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return ok(request)
+
+    view = FakeView()
+    view.to(GangState.RESTARTING)
+    client, _ = gateway(view, handler)
+    with on_uvicorn(client.app) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=BODY, timeout=0.5)
+        time.sleep(0.3)  # the gateway reads the hang-up
+        view.to(GangState.READY, "l2")
+        time.sleep(0.5)  # a forward, if one were still waiting, would be on its way
+        assert seen == []
+        after = httpx.post(f"{url}/v1/completions", json=BODY, timeout=5)
+    assert after.json() == {"served_by": "rank0-l2"} and len(seen) == 1
 
 
 @pytest.mark.parametrize("failure", ["503 stopping", "engine_error event"])

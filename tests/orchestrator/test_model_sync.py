@@ -28,6 +28,8 @@ pytestmark = pytest.mark.timeout(300)
 
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
 WEIGHTS = "model.safetensors"
+# Wire bytes per file byte over SSH on TCP: headers, MACs and SFTP framing, under 8%.
+WIRE_FRAMING = 1.08
 
 
 def place_model(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
@@ -55,9 +57,24 @@ def by_node(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {node["node"]: node for node in report["nodes"]}
 
 
-def same_model(net: MultiHost, i: int, source: Path) -> bool:
-    copy = net.hosts[i].path(source)
-    return copy.is_dir() and build_manifest(copy)[0] == build_manifest(source)[0]
+def same_model(net: MultiHost, i: int, model: Path, original: Path) -> bool:
+    """Host i's copy at `model` holds original's files, byte for byte (not judged by the
+    sync's manifest)."""
+    return same_files(net.hosts[i].path(model), original)
+
+
+def same_files(copy: Path, source: Path) -> bool:
+    def files(root: Path) -> list[Path]:
+        return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+    # Read in full each time: filecmp caches by (size, mtime), which a flipped byte keeps.
+    return copy.is_dir() and files(copy) == files(source) and all(
+        (copy / name).read_bytes() == (source / name).read_bytes() for name in files(source)
+    )
+
+
+def wire_bytes(net: MultiHost) -> list[int]:
+    return [net.mgmt_bytes_in(i) for i in range(len(net.hosts))]
 
 
 def test_sync_settings_are_checked_with_the_config(tmp_path: Path) -> None:
@@ -91,32 +108,43 @@ def test_a_node_without_the_model_gets_it_and_the_cluster_serves(
         reply = client.completions.create(model="tiny", prompt="Hi", max_tokens=4, temperature=0)
         assert reply.choices[0].text
         assert any("synced" in line for line in orchestrator.output), orchestrator.text
-    assert same_model(net, 0, model) and same_model(net, 1, model)
+    assert same_model(net, 0, model, tiny_model_dir) and same_model(net, 1, model, tiny_model_dir)
 
 
 def test_one_corrupted_byte_is_found_by_the_full_digest_and_repaired(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """A byte flipped in a weight file (size and mtime kept) is found; only that file is
-    sent again; a third sync has nothing to do and rehashes nothing; `--from h0` repairs
-    it, and this machine's own copy, from a node's copy."""
+    sent again (counted on the wire); a third sync has nothing to do, sends no file and
+    rehashes nothing; `--from h0` repairs it, and this machine's own copy, from a node's
+    copy. Copies are compared byte for byte with the original."""
     mount, model = place_model(tmp_path, tiny_model_dir)
     net = netns_hosts(2, "switch", PrivateTmpfs(str(mount), "128m"))
     config = config_for(tmp_path, net, model)
     code, first = sync(config)
     assert code == 0 and [n["status"] for n in first["nodes"]] == ["synced", "synced"], first
+    assert same_model(net, 0, model, tiny_model_dir) and same_model(net, 1, model, tiny_model_dir)
     weights = net.hosts[1].path(model / WEIGHTS)
     st = flip_a_byte(weights)
+    assert not same_model(net, 1, model, tiny_model_dir)
+    before = wire_bytes(net)
     code, second = sync(config)
+    h0_in, h1_in = (after - b for after, b in zip(wire_bytes(net), before, strict=True))
     nodes = by_node(second)
     assert code == 0 and nodes["h0"]["status"] == "current", second
     assert nodes["h1"]["status"] == "synced" and nodes["h1"]["sent_bytes"] == st.st_size
     assert nodes["h1"]["reused_bytes"] == second["total_bytes"] - st.st_size
     assert second["hashed_bytes"] == 0  # the source's hashes all came from its cache
-    assert same_model(net, 1, model)
+    # Both hosts had the same talk (connect, agent, manifests); h1 got the file on top:
+    # its bytes plus SSH and TCP framing (a few %), not the rest of the model.
+    assert st.st_size <= h1_in - h0_in <= st.st_size * WIRE_FRAMING, (h0_in, h1_in, st.st_size)
+    assert same_model(net, 1, model, tiny_model_dir)
+    before = wire_bytes(net)
     code, third = sync(config)
+    talk = [after - b for after, b in zip(wire_bytes(net), before, strict=True)]
     assert code == 0 and {n["status"] for n in third["nodes"]} == {"current"}
     assert [n["hashed_bytes"] for n in third["nodes"]] == [0, 0]  # the nodes' caches too
+    assert max(talk) < st.st_size / 10, talk  # no file went over the wire
     # h1's copy and this machine's (a `local` node) are repaired from h0's, relayed here.
     reference = build_manifest(net.hosts[0].path(model))[0]
     flip_a_byte(weights)
@@ -131,6 +159,7 @@ def test_one_corrupted_byte_is_found_by_the_full_digest_and_repaired(
     for name in ("h1", "here"):
         assert nodes[name]["status"] == "synced" and nodes[name]["sent_bytes"] == st.st_size
     assert build_manifest(net.hosts[1].path(model))[0] == reference == build_manifest(model)[0]
+    assert same_model(net, 1, model, tiny_model_dir) and same_files(model, tiny_model_dir)
 
 
 def flip_a_byte(path: Path) -> os.stat_result:
@@ -174,14 +203,23 @@ def test_an_interrupted_sync_resumes_and_sends_less(
         process.wait(10)
     assert not net.hosts[0].path(model).exists()
     net.shape_mgmt(0, None)
+    before = net.mgmt_bytes_in(0)
     code, report = sync(config)
+    resumed_in = net.mgmt_bytes_in(0) - before
     node = by_node(report)["h0"]
     assert code == 0 and node["status"] == "synced", report
     # Resumed before the last RESUME_WINDOW bytes (writes in flight may have left holes).
     kept = at_kill - RESUME_WINDOW
     assert node["resumed_bytes"] >= kept > 0
     assert node["sent_bytes"] <= report["total_bytes"] - kept
-    assert same_model(net, 0, model)
+    assert same_model(net, 0, model, tiny_model_dir)
+    # On the wire: what was not kept, framed, plus the talk of a sync with nothing to send.
+    before = net.mgmt_bytes_in(0)
+    code, _ = sync(config)
+    talk = net.mgmt_bytes_in(0) - before
+    assert code == 0
+    sent_at_most = (report["total_bytes"] - kept) * WIRE_FRAMING + talk
+    assert resumed_in <= sent_at_most, (resumed_in, sent_at_most, report["total_bytes"])
 
 
 def test_a_small_disk_and_a_read_only_one_are_refused_and_a_bad_source_named(
@@ -269,7 +307,7 @@ def test_a_disk_full_midway_names_node_and_file_and_the_next_run_recovers(
     net.shape_mgmt(0, None)
     code, report = sync(config)
     assert code == 0 and by_node(report)["h0"]["resumed_bytes"] > 0, report
-    assert same_model(net, 0, model)
+    assert same_model(net, 0, model, tiny_model_dir)
 
 
 def test_a_node_dropping_midway_is_named_and_the_next_run_recovers(
@@ -299,4 +337,4 @@ def test_a_node_dropping_midway_is_named_and_the_next_run_recovers(
     net.shape_mgmt(0, None)
     code, report = sync(config)
     assert code == 0 and by_node(report)["h0"]["resumed_bytes"] > 0, report
-    assert same_model(net, 0, model)
+    assert same_model(net, 0, model, tiny_model_dir)

@@ -52,12 +52,16 @@ def test_the_page_shows_the_cluster_chats_and_follows_a_restart(
         assert page.locator("#ranks tbody").inner_text().count("running") == 3
         page.screenshot(path=str(shots / "ready.png"), full_page=True)
 
-        page.fill("#prompt", "What is the capital of France?")
-        page.click("#chat-form button")
-        page.wait_for_function(
-            "document.getElementById('chat-log').textContent.split('\\n').pop().length > 3",
-            timeout=120_000,
-        )
+        prompt = "What is the capital of France?"
+        with page.expect_response(  # type: ignore[attr-defined]
+            lambda r: r.url.endswith("/v1/chat/completions"), timeout=120_000
+        ) as replied:
+            page.fill("#prompt", prompt)
+            page.click("#chat-form button")
+        assert replied.value.status == 200, replied.value.text()
+        # Words of the answer under the prompt, and no "[error] ..." line of the page's own.
+        page.wait_for_function(ANSWERED, arg=f"> {prompt}\n", timeout=120_000)
+        assert "[error]" not in page.locator("#chat-log").inner_text()
         page.screenshot(path=str(shots / "chat.png"), full_page=True)
 
         status = json.loads(run_cli("status", str(config), "--json", env=env).stdout)
@@ -72,3 +76,13 @@ def test_the_page_shows_the_cluster_chats_and_follows_a_restart(
         page.screenshot(path=str(shots / "ready-again.png"), full_page=True)
     artifacts = Path(os.environ.get("ORCHESTRATOR_TEST_ARTIFACTS", tmp_path / "kept"))
     shutil.copytree(shots, artifacts / "page", dirs_exist_ok=True)
+
+
+# The chat log holds "> prompt\n" then the streamed answer: true once that has 3 words
+# of letters and the log no "[error]" line.
+ANSWERED = """asked => {
+  const log = document.getElementById('chat-log').textContent;
+  const answer = log.startsWith(asked) ? log.slice(asked.length) : '';
+  const words = answer.split(/\\s+/).filter(w => /\\p{L}/u.test(w));
+  return words.length >= 3 && !log.includes('[error]');
+}"""

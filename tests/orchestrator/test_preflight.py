@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from contract.fingerprint import NodeFingerprint
+from contract.fingerprint import NetInterface, NodeFingerprint
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.load import check_cluster_data
@@ -171,10 +171,14 @@ async def test_link_address_not_owned_names_its_field(
     bundled_fingerprint: NodeFingerprint,
 ) -> None:
     """With [[links]], each node must own its address on each cable; the field is named."""
-    owned = sorted(a for a in bundled_fingerprint.addresses() if "." in a)
-    if len(owned) < 2:
-        pytest.skip("this machine has fewer than two IPv4 addresses")
-    mine, other = owned[:2]  # every "node" is this machine, so both are owned by all
+    # This machine's fingerprint with one cable's address added (a machine without a
+    # second IPv4 address would otherwise leave the check untested): every "node" is this
+    # machine, so both addresses are owned by all.
+    mine, other = "127.0.0.1", "198.51.100.7"
+    cable = NetInterface(name="cable0", addresses=[other], is_up=True)
+    bundled_fingerprint = msgspec.structs.replace(
+        bundled_fingerprint, interfaces=[*bundled_fingerprint.interfaces, cable]
+    )
     links = [
         {"between": ["n0", "n1"], "ips": [mine, other]},
         {"between": ["n1", "n2"], "ips": [mine, "192.0.2.9"]},

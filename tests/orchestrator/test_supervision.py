@@ -229,18 +229,39 @@ def test_ebusy_is_retried_once_then_fails_without_spending_restarts(
 
 
 def test_sigstop_worker_is_a_hang(cluster_factory: Callable[..., Cluster]) -> None:
-    """A frozen worker stalls the collectives: detected as a hang within hang_timeout_s."""
+    """A frozen worker stalls the collectives: detected as a hang within hang_timeout_s
+    (/health leaves ready then: not before, nor much later)."""
     cluster = cluster_factory()
     launch = cluster.status()["launch_id"]
     frozen = cluster.rank_pid(1)
+    hang_s = FAST_RESTARTS["hang_timeout_s"]
     os.kill(frozen, signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
+        detected_s = left_ready_within(cluster.url, hang_s + 30) - stopped
         status = cluster.wait_ready_after(launch)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(frozen, signal.SIGKILL)
     assert status["last_cause"].startswith("hang:"), status["last_cause"]
+    # The last keepalive step may be up to keepalive_s (1 s) old at the SIGSTOP, and the
+    # counters are polled each second: 2 s either side, and 2 s of margin after.
+    assert hang_s - 2 <= detected_s <= hang_s + 4, detected_s
     assert cluster.complete().status_code == 200
+
+
+def left_ready_within(url: str, timeout_s: float) -> float:
+    """When /health stopped answering 200 (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            try:
+                if client.get(f"{url}/health").status_code != 200:
+                    return time.monotonic()
+            except httpx.HTTPError:
+                return time.monotonic()
+            time.sleep(0.1)
+    raise AssertionError(f"/health still ready {timeout_s} s after the SIGSTOP")
 
 
 def test_agent_ssh_connection_lost(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +17,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract import rank_env
+from orchestrator.state_file import ClusterState, RankRecord, read_state, write_state
 from testkit.orchestrator_process import (
     Orchestrator,
     launch_processes,
@@ -193,7 +199,8 @@ def test_second_up_is_refused(smollm_cluster: Cluster) -> None:
 
 
 def test_down_leaves_nothing(smollm_cluster: Cluster) -> None:
-    """`down` stops the orchestrator gracefully; no process of the cluster is left (runs last)."""
+    """`down` stops the orchestrator gracefully; no process of the cluster is left (runs last).
+    (Its drain: test_gateway_requests.py, on a cluster that answers faster.)"""
     pids = smollm_cluster.orchestrator.remember_descendants() | {
         smollm_cluster.orchestrator.process.pid
     }
@@ -236,7 +243,8 @@ def test_taken_port_fails_preflight(tmp_path: Path, tiny_model_dir: Path) -> Non
 
 
 def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """SIGKILL of the orchestrator takes agents and ranks down; a new `up` starts cleanly."""
+    """SIGKILL of the orchestrator takes agents and ranks down; a new `up` first ends a rank
+    its state file still records as running, then starts cleanly."""
     config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2])
     url = _api_url(config)
     with running(config, url=url) as first:
@@ -244,10 +252,57 @@ def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path
         first.process.kill()
         first.wait_exit()
         assert wait_gone(pids) == set(), "ranks or agents outlived a SIGKILLed orchestrator"
-    with running(config, url=url) as second:
-        models = httpx.get(f"{url}/v1/models", timeout=30).json()
-        assert models["data"][0]["id"] == tiny_model_dir.name
-        assert "already run by" not in second.text
+    path = tmp_path / "state" / "test.toml"
+    state = read_state(path)
+    assert state is not None and state.ranks, "the SIGKILLed run left no state file"
+    # Here ranks die with their agent; on a machine that crashed with the orchestrator one
+    # may live on: stand one in for it, recorded as the crashed run recorded its ranks.
+    with leftover_rank(state.launch_id) as rank:
+        state.ranks.append(RankRecord(rank=9, node="r1", pid=rank.pid, launch_id=state.launch_id))
+        write_state(path, state)
+        with running(config, url=url) as second:
+            models = httpx.get(f"{url}/v1/models", timeout=30).json()
+            assert models["data"][0]["id"] == tiny_model_dir.name
+            assert "already run by" not in second.text
+            assert rank.wait(10) is not None and "ended rank 9" in second.text
+
+
+def test_down_ends_the_ranks_a_crashed_run_left(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The state file names an orchestrator that is gone and a rank still running (its
+    launch id in its environment): `down` ends it through its node's agent, leaves a process
+    of another launch alone, and removes the state file."""
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    path = tmp_path / "state" / "test.toml"
+    with leftover_rank("crashed-1") as rank, leftover_rank("another-2") as stranger:
+        records = [RankRecord(rank=0, node="r0", pid=rank.pid, launch_id="crashed-1"),
+                   RankRecord(rank=1, node="r1", pid=stranger.pid, launch_id="crashed-1")]
+        write_state(path, ClusterState(
+            cluster="test", config=str(config), orchestrator_pid=gone.pid,
+            orchestrator_started=0.0, api_url="http://127.0.0.1:9", launch_id="crashed-1",
+            ranks=records,
+        ))
+        result = run_cli("down", str(config))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert rank.wait(10) is not None and stranger.poll() is None
+        assert not path.exists()
+
+
+@contextlib.contextmanager
+def leftover_rank(launch_id: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A process carrying a launch id in its environment, as ranks do; killed by PID at the
+    end, whatever happens."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        env={**os.environ, rank_env.LAUNCH_ID: launch_id}, start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
 
 
 def test_a_request_through_the_gateway_wakes_idle_workers(

@@ -1,14 +1,22 @@
 """Tensor-parallel ranks over the ring backend produce exactly the 1-rank greedy output,
-with and without logits processors (penalties, logit bias, min_p)."""
+with and without logits processors (penalties, logit bias, min_p), and the 1-rank output
+is plain mlx-lm's."""
 
 from __future__ import annotations
 
+import math
+import re
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from contract import rank_env
+from testkit import mlx_lm_reference
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import metric_value
 
@@ -28,28 +36,63 @@ PROCESSED = {
 }
 
 
-def chat(url: str, messages: list[dict[str, str]], max_tokens: int, **fields: object) -> str:
+# Log probabilities of one token may differ in the last bits across rank counts and from
+# plain mlx-lm (sums split across ranks, OpenBLAS or not); a wrong one is off by far more.
+LOGPROB_TOL = 1e-3
+BIASED = 42  # a +100 logit_bias makes greedy decoding pick it with probability ~1
+
+
+def chat_body(url: str, messages: list[dict[str, str]], max_tokens: int,
+              **fields: object) -> dict[str, Any]:
     r = httpx.post(
         f"{url}/v1/chat/completions",
         timeout=600,
         json={"model": "m", "messages": messages, "max_tokens": max_tokens, **fields},
     )
     assert r.status_code == 200, r.text
-    body = r.json()
+    return dict(r.json())
+
+
+def summary(body: dict[str, Any]) -> str:
     return f"{body['usage']['completion_tokens']}:{body['choices'][0]['message']['content']}"
 
 
-def greedy_outputs(workdir: Path, model_dir: Path, ranks: int, max_tokens: int) -> list[str]:
-    """Greedy chat completions for PROMPTS, a sample through every processor, and a second
-    turn that must reuse the first turn's KV from every rank's prefix cache."""
-    with rank_cluster(workdir, model_dir, ranks, served_model_id="m") as cluster:
+def chat(url: str, messages: list[dict[str, str]], max_tokens: int, **fields: object) -> str:
+    return summary(chat_body(url, messages, max_tokens, **fields))
+
+
+def token_logprobs(body: dict[str, Any]) -> list[float]:
+    return [item["logprob"] for item in body["choices"][0]["logprobs"]["content"]]
+
+
+@dataclass
+class Served:
+    outputs: list[str]  # "<completion tokens>:<text>" of each request
+    logprobs: list[list[float]]  # of each greedy PROMPTS answer's tokens
+
+
+def greedy_outputs(
+    workdir: Path, model_dir: Path, ranks: int, max_tokens: int,
+    rank_env_extra: Sequence[dict[str, str]] = (),
+) -> Served:
+    """Greedy chat completions for PROMPTS (with their logprobs), a sample through every
+    processor, and a second turn that must reuse the first turn's KV from every rank's
+    prefix cache. A +100 logit_bias gives its token a logprob of ~0 (taken after the bias)."""
+    with rank_cluster(workdir, model_dir, ranks, served_model_id="m",
+                      rank_env_extra=rank_env_extra) as cluster:
         url = cluster.base_url
-        outputs = [
-            chat(url, [{"role": "user", "content": p}], max_tokens, temperature=0)
+        greedy = [
+            chat_body(url, [{"role": "user", "content": p}], max_tokens, temperature=0,
+                      logprobs=True)
             for p in PROMPTS
         ]
+        outputs = [summary(body) for body in greedy]
         outputs.append(chat(url, [{"role": "user", "content": PROMPTS[1]}], max_tokens,
                             **PROCESSED))
+        biased = chat_body(url, [{"role": "user", "content": PROMPTS[0]}], 3, temperature=0,
+                           logprobs=True, logit_bias={str(BIASED): 100})
+        assert biased["usage"]["completion_tokens"] == 3, biased
+        assert all(lp > -LOGPROB_TOL for lp in token_logprobs(biased)), biased
         reused = metric_value(url, "serving_prefix_cache_hit_tokens_total")
         turns = [{"role": "user", "content": PROMPTS[0]},
                  {"role": "assistant", "content": outputs[0].split(":", 1)[1]},
@@ -59,25 +102,59 @@ def greedy_outputs(workdir: Path, model_dir: Path, ranks: int, max_tokens: int) 
         for rank in range(ranks):
             assert f"tensor shard {rank}/{ranks}" in cluster.log_text(rank)
             assert "DESYNC" not in cluster.log_text(rank)
+        # Each rank's prefix cache bound: one value (all_min), whatever each rank computed.
+        bounds = {re.findall(r"prefix cache bound ([\d.]+ GB)", cluster.log_text(rank))[0]
+                  for rank in range(ranks)}
+        assert len(bounds) == 1, bounds
         assert all(proc.poll() is None for proc in cluster.procs)
-        return outputs
+        return Served(outputs, [token_logprobs(body) for body in greedy])
+
+
+def assert_close(got: list[list[float]], want: list[list[float]]) -> None:
+    assert [len(g) for g in got] == [len(w) for w in want], (got, want)
+    for g, w in zip(got, want, strict=True):
+        assert all(math.isclose(a, b, abs_tol=LOGPROB_TOL) for a, b in zip(g, w, strict=True)), (
+            g, w)
+
+
+def assert_plain_mlx_lm(model_dir: Path, served: Served, max_tokens: int) -> None:
+    """The greedy PROMPTS answers, token counts and logprobs are plain mlx-lm's."""
+    model, tokenizer = mlx_lm_reference.load(model_dir)
+    references = [
+        mlx_lm_reference.greedy(
+            model, tokenizer, mlx_lm_reference.chat_prompt(tokenizer, p), max_tokens)
+        for p in PROMPTS
+    ]
+    assert served.outputs[: len(PROMPTS)] == [f"{r.completion_tokens}:{r.text}" for r in references]
+    assert_close(served.logprobs, [r.logprobs for r in references])
 
 
 def test_three_ranks_match_one_rank_on_bundled_model(
     tmp_path: Path, bundled_quantized_dir: Path
 ) -> None:
-    """SmolLM2 (4-bit, as Macs serve it) at 3 ranks: greedy text and token counts equal the
-    1-rank run, and so do a seeded sample through every logits processor and a second turn
-    from the prefix cache."""
+    """SmolLM2 (4-bit, as Macs serve it) at 3 ranks: greedy text, token counts and logprobs
+    equal the 1-rank run's, which are plain mlx-lm's; so do a seeded sample through every
+    logits processor and a second turn from the prefix cache. The 3 ranks agree on one
+    prefix cache bound though each computes another."""
     single = greedy_outputs(tmp_path / "r1", bundled_quantized_dir, 1, 10)
-    assert greedy_outputs(tmp_path / "r3", bundled_quantized_dir, 3, 10) == single
+    assert_plain_mlx_lm(bundled_quantized_dir, single, 10)
+    # Ranks told they share the machine with 3, 4 and 5 ranks size different prefix caches
+    # on their own; all_min makes them agree (or their evictions, and batches, would part).
+    sharing = [{rank_env.RANKS_ON_MACHINE: str(n)} for n in (3, 4, 5)]
+    three = greedy_outputs(tmp_path / "r3", bundled_quantized_dir, 3, 10, sharing)
+    assert three.outputs == single.outputs
+    assert_close(three.logprobs, single.logprobs)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_tiny_model_matches_one_rank(tmp_path: Path, tiny_model_dir: Path, ranks: int) -> None:
-    """The random tiny Llama at 2 and 4 ranks: greedy output equals the 1-rank run."""
+    """The random tiny Llama at 2 and 4 ranks: greedy output and logprobs equal the 1-rank
+    run's, which are plain mlx-lm's."""
     single = greedy_outputs(tmp_path / "r1", tiny_model_dir, 1, 24)
-    assert greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, 24) == single
+    assert_plain_mlx_lm(tiny_model_dir, single, 24)
+    many = greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, 24)
+    assert many.outputs == single.outputs
+    assert_close(many.logprobs, single.logprobs)
 
 
 def complete(base_url: str, prompt: str, temperature: float = 0.0) -> str:

@@ -1,11 +1,13 @@
-"""Tool calling: mlx-lm's parsers on recorded model outputs, and a tiny model through the
-openai client, forced (rank_env.FORCED_OUTPUT) to emit a call in its template's format."""
+"""Tool calling: mlx-lm's parsers on recorded model outputs, and a tiny model at 3 ranks
+behind the gateway through the openai client, forced (rank_env.FORCED_OUTPUT) to emit a
+call in its template's format."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import tomllib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -15,12 +17,14 @@ import msgspec
 import openai
 import pytest
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
+from mlx_lm.utils import load_tokenizer
 
 from contract.openai_errors import ApiError
 from contract.openai_schemas import ChatCompletionRequest
 from contract.rank_env import FORCED_OUTPUT
 from serving.api.tool_calls import ToolCallStream, ToolPlan, plan_tools
-from testkit.rank_cluster import RankCluster, rank_cluster
+from testkit.orchestrator_process import running, write_cluster
+from testkit.tiny_model import write_tiny_model
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tool_calls"
 OUTPUTS: dict[str, str] = json.loads((FIXTURES / "outputs.json").read_text(encoding="utf-8"))
@@ -126,27 +130,39 @@ def test_tool_choice_plans() -> None:
     assert caught.value.body.param == "tools"
 
 
+@dataclass(frozen=True)
+class ToolServer:
+    base_url: str  # the gateway's
+    model: Path
+
+
 @pytest.fixture(scope="module")
 def tool_server(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
-) -> Iterator[RankCluster]:
-    """The tiny model with a Qwen-style tool template, forced to answer with FORCED."""
-    model = tmp_path_factory.mktemp("tool-model") / "m"
-    shutil.copytree(tiny_model_dir, model)
+    tmp_path_factory: pytest.TempPathFactory, bundled_quantized_dir: Path
+) -> Iterator[ToolServer]:
+    """A tiny model (its tokenizer from the bundled one) that shards 3 ways (6 heads, 3 KV
+    heads) with a Qwen-style tool template, at 3 local ranks behind the gateway, forced to
+    answer with FORCED."""
+    model = write_tiny_model(tmp_path_factory.mktemp("tool-model") / "m", num_heads=6,
+                             num_kv_heads=3, hidden_size=48)
     config_path = model / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["chat_template"] = (FIXTURES / "qwen_tools_template.jinja").read_text(encoding="utf-8")
     config_path.write_text(json.dumps(config), encoding="utf-8")
-    with rank_cluster(
-        tmp_path_factory.mktemp("tools"), model, 1, env={FORCED_OUTPUT: FORCED},
-        served_model_id="m",
-    ) as cluster:
-        yield cluster
+    nodes = [{"name": f"r{i}", "ip": "127.0.0.1", "env": {FORCED_OUTPUT: FORCED}}
+             for i in range(3)]
+    cluster = write_cluster(tmp_path_factory.mktemp("tools"), str(model), nodes,
+                            supervisor={"standby_ranks": False})
+    api = tomllib.loads(cluster.read_text())["api"]
+    url = f"http://{api['host']}:{api['port']}"
+    with running(cluster, url=url):
+        yield ToolServer(url, model)
 
 
-def test_openai_client_gets_tool_calls(tool_server: RankCluster) -> None:
+def test_openai_client_gets_tool_calls(tool_server: ToolServer) -> None:
     """Non-streaming: message.tool_calls and finish_reason tool_calls; the call and its
-    result go back in the history and the next turn is answered."""
+    result go back in the history and the next turn is answered, with the whole result in
+    its prompt (a longer result: more prompt tokens, exactly as many as it has more)."""
     client = openai.OpenAI(base_url=f"{tool_server.base_url}/v1", api_key="x", max_retries=0)
     messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
     first = client.chat.completions.create(
@@ -157,17 +173,24 @@ def test_openai_client_gets_tool_calls(tool_server: RankCluster) -> None:
     call = (choice.message.tool_calls or [])[0]
     assert call.type == "function" and call.function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
-    messages += [
-        choice.message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'},
-    ]
-    again = client.chat.completions.create(
-        model="m", messages=messages, tools=[WEATHER], max_tokens=64  # type: ignore[list-item]
-    )
-    assert again.choices[0].finish_reason == "tool_calls"
+    prompt_tokens = {}
+    for result in ('{"temp_c": 21}', '{"temp_c": 21, "sky": "clear", "wind_kmh": 12}'):
+        turn = [*messages, choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": result}]
+        again = client.chat.completions.create(
+            model="m", messages=turn, tools=[WEATHER], max_tokens=64  # type: ignore[list-item]
+        )
+        assert again.choices[0].finish_reason == "tool_calls"
+        assert again.usage is not None
+        prompt_tokens[result] = again.usage.prompt_tokens
+    tokenizer = load_tokenizer(tool_server.model)
+    short, long = prompt_tokens
+    grew = len(tokenizer.encode(long, add_special_tokens=False)) - len(
+        tokenizer.encode(short, add_special_tokens=False))
+    assert prompt_tokens[long] - prompt_tokens[short] == grew > 0, (prompt_tokens, grew)
 
 
-def test_streamed_tool_calls_arrive_as_deltas(tool_server: RankCluster) -> None:
+def test_streamed_tool_calls_arrive_as_deltas(tool_server: ToolServer) -> None:
     """Streaming: the call arrives in delta.tool_calls (index, id, name, arguments)."""
     client = openai.OpenAI(base_url=f"{tool_server.base_url}/v1", api_key="x", max_retries=0)
     stream = client.chat.completions.create(
@@ -190,7 +213,7 @@ CLAUDE_TOOLS: list[Any] = [{
 }]
 
 
-def test_anthropic_client_gets_tool_use_and_sends_results(tool_server: RankCluster) -> None:
+def test_anthropic_client_gets_tool_use_and_sends_results(tool_server: ToolServer) -> None:
     """Anthropic's tools: the call is a tool_use block (input an object), stop_reason
     tool_use; the tool_use and its tool_result go back in the history, the result reaches
     the prompt (count_tokens grows with it) and the next turn is answered."""
@@ -219,7 +242,7 @@ def test_anthropic_client_gets_tool_use_and_sends_results(tool_server: RankClust
     assert again.usage.input_tokens == short and again.stop_reason == "tool_use"
 
 
-def test_anthropic_streamed_tool_use(tool_server: RankCluster) -> None:
+def test_anthropic_streamed_tool_use(tool_server: ToolServer) -> None:
     """Streaming: the call arrives as a tool_use block whose input the client assembles from
     input_json_delta; no call markup leaks into text."""
     claude = anthropic.Anthropic(base_url=tool_server.base_url, api_key="x", max_retries=0)

@@ -10,7 +10,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from testkit import require
 from testkit.netns import IP, HostsFactory, MultiHost, multi_host, usable
+from testkit.require import missing
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,7 +91,7 @@ def answers_again(net: MultiHost, src: int, address: str, within_s: float = 15.0
 def test_teardown_leaves_nothing_even_on_failure(tmp_path: Path) -> None:
     """After the block (here: raising), no namespace, link, route or sshd of the run is left."""
     if (reason := usable()) is not None:
-        pytest.skip(reason)
+        missing(reason, require.NETNS)
     with pytest.raises(RuntimeError), multi_host(2, "ring", tmp_path) as net:
         pids = [host.sshd.pid for host in net.hosts if host.sshd]
         raise RuntimeError("the test failed")

@@ -245,13 +245,13 @@ async def test_hostile_python_does_not_execute(tmp_path: Path) -> None:
 
 async def test_python_without_msgspec_is_explained(tmp_path: Path) -> None:
     """A node python without msgspec fails to start with an install hint."""
-    python = "/usr/bin/python3"
-    if not Path(python).is_file():
-        pytest.skip("no system python3")
+    # This python with no site-packages (-S): the stdlib alone, as on a fresh node.
+    python = tmp_path / "bare-python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
     probe = await asyncio.create_subprocess_exec(python, "-c", "import msgspec")
-    if await probe.wait() == 0:
-        pytest.skip("the system python3 has msgspec")
-    transport = LocalTransport(local_node(python=python), code_cache=tmp_path / "code")
+    assert await probe.wait() != 0, "msgspec importable without site-packages"
+    transport = LocalTransport(local_node(python=str(python)), code_cache=tmp_path / "code")
     with pytest.raises(TransportError) as err:
         await transport.start_agent()
     assert err.value.kind == ErrorKind.AGENT_START
