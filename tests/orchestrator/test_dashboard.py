@@ -22,7 +22,7 @@ import pytest
 from testkit.orchestrator_process import run_cli, running, write_cluster
 from testkit.ports import free_port
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_PROMETHEUS"
 # Grafana fills these in; the test stands in with what they would be at a 1 s scrape.

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.orchestrator_process import running, write_cluster
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 LONG = 4000  # tokens: far longer than the clients below wait
 
 

@@ -76,6 +76,7 @@ def test_sync_settings_are_checked_with_the_config(tmp_path: Path) -> None:
     assert done.returncode == 2 and "bundled model: it is not synced" in done.stderr
 
 
+@pytest.mark.e2e
 def test_a_node_without_the_model_gets_it_and_the_cluster_serves(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -94,6 +95,7 @@ def test_a_node_without_the_model_gets_it_and_the_cluster_serves(
     assert same_model(net, 0, model) and same_model(net, 1, model)
 
 
+@pytest.mark.e2e
 def test_one_corrupted_byte_is_found_by_the_full_digest_and_repaired(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -145,6 +147,7 @@ def flip_a_byte(path: Path) -> os.stat_result:
     return st
 
 
+@pytest.mark.e2e
 def test_an_interrupted_sync_resumes_and_sends_less(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -184,6 +187,7 @@ def test_an_interrupted_sync_resumes_and_sends_less(
     assert same_model(net, 0, model)
 
 
+@pytest.mark.e2e
 def test_a_small_disk_and_a_read_only_one_are_refused_and_a_bad_source_named(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -240,6 +244,7 @@ def wait_staged(process: subprocess.Popen[str], staged: Path, size: int) -> None
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 def test_a_disk_full_midway_names_node_and_file_and_the_next_run_recovers(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -272,6 +277,7 @@ def test_a_disk_full_midway_names_node_and_file_and_the_next_run_recovers(
     assert same_model(net, 0, model)
 
 
+@pytest.mark.e2e
 def test_a_node_dropping_midway_is_named_and_the_next_run_recovers(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from testkit.orchestrator_process import run_cli, running, write_cluster
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 CHROMIUM = "/usr/bin/chromium"
 REQUIRE_ENV = "ORCHESTRATOR_TESTS_REQUIRE_CHROMIUM"
 KEY = "page-key-1"

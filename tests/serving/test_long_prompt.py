@@ -10,11 +10,14 @@ from itertools import pairwise
 from pathlib import Path
 
 import httpx
+import pytest
 
 from contract.settings import ServingSettings
 from testkit.load import stream_token_times
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def test_running_streams_keep_producing_during_a_long_prefill(

@@ -143,6 +143,7 @@ def tool_server(
         yield cluster
 
 
+@pytest.mark.e2e
 def test_openai_client_gets_tool_calls(tool_server: RankCluster) -> None:
     """Non-streaming: message.tool_calls and finish_reason tool_calls; the call and its
     result go back in the history and the next turn is answered."""
@@ -166,6 +167,7 @@ def test_openai_client_gets_tool_calls(tool_server: RankCluster) -> None:
     assert again.choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.e2e
 def test_streamed_tool_calls_arrive_as_deltas(tool_server: RankCluster) -> None:
     """Streaming: the call arrives in delta.tool_calls (index, id, name, arguments)."""
     client = openai.OpenAI(base_url=f"{tool_server.base_url}/v1", api_key="x", max_retries=0)

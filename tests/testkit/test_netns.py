@@ -12,7 +12,7 @@ import pytest
 
 from testkit.netns import IP, HostsFactory, MultiHost, multi_host, usable
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 # A TCP connect from inside a host, as the ranks make them; prints ok or the error.
 CONNECT = (
