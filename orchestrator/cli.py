@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata as metadata
 import logging
+import platform
 import sys
 from pathlib import Path
 
@@ -36,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="orchestrator",
         description="Run one LLM across several Macs with MLX tensor parallelism, supervised.",
     )
+    versions_help = "print the versions of this program, mlx, mlx-lm and Python"
+    parser.add_argument("--version", action=_Version, nargs=0, help=versions_help)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(
@@ -88,6 +92,27 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--from", dest="source", metavar="NODE", help="copy from this node's copy")
     sync.add_argument("--json", action="store_true", help="no progress; print a JSON summary")
     return parser
+
+
+class _Version(argparse.Action):
+    """Reads the versions only when asked: no start-up cost for every other command."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(versions())
+        parser.exit()
+
+
+def versions() -> str:
+    """e.g. "mlx-cluster-orchestrator 0.1.0 (mlx 0.32.4, mlx-lm 0.32.2, Python 3.11.7)"."""
+
+    def of(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    tools = f"mlx {of('mlx')}, mlx-lm {of('mlx-lm')}, Python {platform.python_version()}"
+    return f"mlx-cluster-orchestrator {of('mlx-cluster-orchestrator')} ({tools})"
 
 
 def _validate(args: argparse.Namespace) -> int:
