@@ -26,6 +26,7 @@ from contract.agent_protocol import (
 
 
 def test_a_message_is_one_line_even_when_its_text_has_newlines() -> None:
+    """JSON escapes a rank's multi-line output: the channel stays one message per line."""
     line = encode(Log(rank=1, stream="stderr", line="Traceback\n  File x\r\nError"))
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert decode_agent_message(line) == Log(
@@ -34,6 +35,7 @@ def test_a_message_is_one_line_even_when_its_text_has_newlines() -> None:
 
 
 def test_the_kind_is_in_type_and_defaults_are_left_out() -> None:
+    """The tag names the message; fields at their default are not sent."""
     assert json.loads(encode(Open(protocol_version=PROTOCOL_VERSION))) == {
         "type": "open",
         "protocol_version": PROTOCOL_VERSION,
@@ -41,6 +43,7 @@ def test_the_kind_is_in_type_and_defaults_are_left_out() -> None:
 
 
 def test_requests_and_agent_messages_round_trip() -> None:
+    """What the orchestrator sends the agent decodes unchanged, and the reverse."""
     spawn = Spawn(
         id=7,
         rank=2,
@@ -62,6 +65,7 @@ def test_every_tag_names_one_message() -> None:
 
 
 def test_a_reply_is_not_a_request_nor_the_reverse() -> None:
+    """Each side decodes only what the other may send it."""
     with pytest.raises(msgspec.ValidationError):
         decode_request(encode(Stopped(id=1)))
     with pytest.raises(msgspec.ValidationError):
@@ -78,6 +82,7 @@ def test_a_reply_is_not_a_request_nor_the_reverse() -> None:
     ],
 )
 def test_a_bad_requests_id_is_salvaged_to_address_the_error(line: bytes, id_: int | None) -> None:
+    """An undecodable request still gets its error addressed by id when it has one."""
     with pytest.raises(msgspec.DecodeError):
         decode_request(line)
     assert salvage_id(line) == id_

@@ -53,6 +53,7 @@ def test_missing_package_names_the_install_command() -> None:
 
 
 def test_an_unknown_name_lists_every_known_spec() -> None:
+    """A misspelt bundled name is told the names that exist."""
     with pytest.raises(UnknownBundledModel) as excinfo:
         bundled_model("llama-9000")
     assert "'llama-9000'" in str(excinfo.value)

@@ -16,6 +16,7 @@ def test_exit_codes_are_distinct_and_clear_of_shell_codes() -> None:
 
 
 def test_describe_exit_of_known_unknown_and_signalled_codes() -> None:
+    """Our codes by name and meaning, others by number, signals by signal."""
     assert describe_exit(0) == "ok (clean stop)"
     assert describe_exit(RankExit.DESYNC) == "desync (batch desynchronised between ranks)"
     assert describe_exit(99) == "exit code 99"

@@ -38,6 +38,7 @@ def node(
 
 
 def test_linux_may_use_what_is_available_else_the_total() -> None:
+    """Linux: available memory, the total when unknown, None when unmeasured."""
     linux = node(memory=MemoryInfo(total_bytes=64 * GIB, available_bytes=40 * GIB))
     assert linux.usable_memory_bytes() == 40 * GIB
     assert node(memory=MemoryInfo(total_bytes=64 * GIB)).usable_memory_bytes() == 64 * GIB
@@ -60,11 +61,13 @@ def test_linux_may_use_what_is_available_else_the_total() -> None:
 def test_a_mac_may_use_the_gpus_wired_limit_at_most_what_is_available(
     fields: dict[str, int], usable: int
 ) -> None:
+    """macOS: the wired limit, else Metal's working set, else a share of RAM; capped."""
     memory = MemoryInfo(total_bytes=128 * GIB, available_bytes=120 * GIB)
     assert node("Darwin", memory, **fields).usable_memory_bytes() == usable
 
 
 def test_nodes_with_one_boot_id_share_one_machine() -> None:
+    """Nodes on one kernel count each other; nodes without a boot_id are left out."""
     nodes = {
         "a": node(boot_id="k1"),
         "b": node(boot_id="k1"),
@@ -76,6 +79,7 @@ def test_nodes_with_one_boot_id_share_one_machine() -> None:
 
 
 def test_addresses_of_every_interface_and_an_rdma_device_is_active_by_any_port() -> None:
+    """A node owns every interface's address; an RDMA device is up if any port is."""
     fp = node(
         interfaces=[
             NetInterface(name="en0", addresses=["10.0.0.2", "fe80::1"]),
@@ -90,6 +94,7 @@ def test_addresses_of_every_interface_and_an_rdma_device_is_active_by_any_port()
 
 
 def test_a_fingerprint_crosses_the_wire_unchanged() -> None:
+    """A fingerprint with its optional and missing parts survives the protocol."""
     fp = node(
         "Darwin",
         MemoryInfo(total_bytes=8 * GIB, available_bytes=None),

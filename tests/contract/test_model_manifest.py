@@ -19,6 +19,7 @@ B = ManifestFile(path="model.safetensors", size=1000, sha256="b" * 64)
 
 
 def test_digest_is_of_the_content_not_the_order() -> None:
+    """Two listings of the same files in another order have one digest."""
     assert Manifest(files=[A, B]).digest() == Manifest(files=[B, A]).digest()
     assert len(Manifest(files=[A, B]).digest()) == 64
 
@@ -32,15 +33,18 @@ def test_digest_is_of_the_content_not_the_order() -> None:
     ],
 )
 def test_any_changed_name_size_or_hash_changes_the_digest(changed: ManifestFile) -> None:
+    """A renamed, resized or changed file gives another digest."""
     assert Manifest(files=[A, changed]).digest() != Manifest(files=[A, B]).digest()
 
 
 def test_a_missing_or_extra_file_changes_the_digest() -> None:
+    """A file more or less gives another digest."""
     assert Manifest(files=[A]).digest() != Manifest(files=[A, B]).digest()
     assert Manifest(files=[]).digest() != Manifest(files=[A]).digest()
 
 
 def test_totals_and_lookup() -> None:
+    """Total bytes and lookup by path."""
     manifest = Manifest(files=[A, B])
     assert manifest.total_bytes == 1010
     assert manifest.by_path() == {"config.json": A, "model.safetensors": B}
@@ -61,6 +65,7 @@ def test_totals_and_lookup() -> None:
     ],
 )
 def test_a_manifest_path_stays_inside_its_directory(path: str, safe: bool) -> None:
+    """No absolute path, `..`, `.` or empty part can leave the model directory."""
     assert safe_relative(path) is safe
 
 

@@ -48,6 +48,7 @@ def test_invalid_settings_file_is_rejected(tmp_path: Path, content: str) -> None
 
 
 def test_the_error_names_the_file_and_the_field(tmp_path: Path) -> None:
+    """A bad or unreadable settings file is named, with the field at fault."""
     path = tmp_path / "s.json"
     path.write_text('{"model": {"path": "m"}, "serving": {"max_batch_size": 0}}')
     with pytest.raises(SettingsError) as excinfo:
@@ -72,6 +73,7 @@ def test_every_cross_field_problem_is_reported_at_once_with_its_path() -> None:
 
 
 def test_each_problem_carries_a_fix() -> None:
+    """A cross-field problem tells how to fix it; valid settings have none."""
     problems = settings_problems(
         ModelSettings(path="m"), ServingSettings(max_tokens_default=9, max_tokens_limit=4)
     )
@@ -97,6 +99,7 @@ def test_unknown_keys_are_errors_in_every_table() -> None:
     ],
 )
 def test_served_id_is_the_id_or_the_paths_last_component(model: ModelSettings, served: str) -> None:
+    """Clients ask for the id, else the model's directory or bundled name."""
     assert model.served_id == served
 
 

@@ -9,6 +9,7 @@ import sys
 
 
 def test_version_names_ours_mlx_mlx_lm_and_python() -> None:
+    """One line with the versions installed here, read from the packages' metadata."""
     result = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "--version"],
         capture_output=True,
