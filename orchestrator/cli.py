@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata as metadata
 import logging
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -37,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="orchestrator",
         description="Run one LLM across several Macs with MLX tensor parallelism, supervised.",
     )
+    versions_help = "print the versions of this program, mlx, mlx-lm and Python"
+    parser.add_argument("--version", action=_Version, nargs=0, help=versions_help)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(
@@ -84,6 +88,27 @@ def _parser() -> argparse.ArgumentParser:
     for sub in (command("pull", pull_help, _pull), command("models", models_help, _models, True)):
         sub.add_argument("--json", action="store_true", help="machine-readable, no progress")
     return parser
+
+
+class _Version(argparse.Action):
+    """Reads the versions only when asked: no start-up cost for every other command."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(versions())
+        parser.exit()
+
+
+def versions() -> str:
+    """e.g. "mlx-cluster-orchestrator 0.1.0 (mlx 0.32.4, mlx-lm 0.32.2, Python 3.11.7)"."""
+
+    def of(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    tools = f"mlx {of('mlx')}, mlx-lm {of('mlx-lm')}, Python {platform.python_version()}"
+    return f"mlx-cluster-orchestrator {of('mlx-cluster-orchestrator')} ({tools})"
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -8,12 +8,15 @@
   them all; bench may use them and testkit, never tests;
 - no module over 400 lines, no function over 60 lines;
 - SSH lives in the transport: no module outside orchestrator/transports/ imports asyncssh.
+- every pytest marker the tests use is registered in pyproject.toml (and --strict-markers
+  is on), so `-m "not e2e"` cannot miss a misspelt mark.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +34,9 @@ CONTRACT_THIRD_PARTY = {"msgspec"}
 SSH_LIBRARY, SSH_HOME = "asyncssh", "orchestrator.transports"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
+# Markers pytest and our plugins (pytest-asyncio, pytest-timeout) register themselves.
+PLUGIN_MARKERS = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
+PLUGIN_MARKERS |= {"asyncio", "timeout"}
 
 
 def modules() -> dict[str, Path]:
@@ -130,6 +136,30 @@ def dependency_problems(name: str, targets: set[str], known: dict[str, Path]) ->
             )
 
 
+def marker_problems() -> Iterator[str]:
+    """Every `pytest.mark.NAME` under tests/ is registered in pyproject.toml's markers."""
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    ini = options["ini_options"]
+    if "--strict-markers" not in ini.get("addopts", ""):
+        yield "pyproject.toml: [tool.pytest.ini_options] addopts lacks --strict-markers"
+    registered = {line.split(":")[0].split("(")[0].strip() for line in ini.get("markers", [])}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "mark"
+                and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "pytest"
+                and node.attr not in registered | PLUGIN_MARKERS
+            ):
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                yield (
+                    f"{where}: marker {node.attr!r} is not registered: add it to pyproject.toml's "
+                    f"[tool.pytest.ini_options] markers (known: {', '.join(sorted(registered))})"
+                )
+
+
 def main() -> int:
     known = modules()
     graph: dict[str, set[str]] = {}
@@ -141,6 +171,7 @@ def main() -> int:
         problems += dependency_problems(name, targets, known)
         problems += size_problems(name, path, tree)
     problems += [f"import cycle: {' <-> '.join(c)}" for c in cycles(graph)]
+    problems += marker_problems()
     for problem in problems:
         print(problem)
     print(f"{len(known)} modules, {len(problems)} layout problems")

@@ -215,6 +215,7 @@ def test_every_word_of_a_node_command_is_quoted() -> None:
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_pip_plan_for_an_apple_silicon_mac(tmp_path: Path) -> None:
     """From this Linux machine, pip's dry run finds a macOS arm64 wheel of every pin

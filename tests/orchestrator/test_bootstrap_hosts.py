@@ -23,7 +23,7 @@ from orchestrator.provision.bootstrap.platforms import local_platform
 from testkit.netns import TC, HostsFactory, MultiHost, sh
 from testkit.orchestrator_process import ROOT, run_cli, running, write_cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 NO_STANDBY = {"standby_ranks": False, "stop_grace_s": 3.0}
 
 

@@ -24,7 +24,7 @@ from testkit.orchestrator_process import run_cli, running, write_cluster
 from testkit.ports import free_port
 from testkit.require import missing
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # Grafana fills these in; the test stands in with what they would be at a 1 s scrape.
 VARIABLES = {"$__rate_interval": "1m", "$__interval": "5s", "${datasource}": ""}

@@ -24,7 +24,7 @@ from testkit.orchestrator_process import (
     write_cluster,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 # Tokens a leaving client asked for: no machine makes that many in the clients' 1.5 s
 # (the tiny model's context is raised to fit them), so only a cancel can end them.
 LONG = 190_000

@@ -16,7 +16,7 @@ from testkit.orchestrator_process import running, write_cluster
 from testkit.rank_cluster import rank_cluster
 from tests.model_fixtures import bundled_quantized_dir  # noqa: F401
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 REPO = "mlx-community/SmolLM2-135M-Instruct-test"
 SERVED_AS = "SmolLM2-135M-Instruct-test"

@@ -15,7 +15,7 @@ from testkit.load import FaultTimes, Load, fault
 from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import Orchestrator, run_cli, running, write_cluster
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 REQUEST_TIMEOUT_S = 30.0
 HOLD_S = 12.0  # the benchmark holds faults for 20 s; the behaviour is the same

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 TWO_LOCAL = [{"name": "a", "ip": "127.0.0.1"}, {"name": "b", "ip": "127.0.0.1"}]
 
 
+@pytest.mark.e2e
 def test_linktest_reports_every_link(tmp_path: Path) -> None:
     """Two local ranks: the sums are correct and each direction of the ring has a figure."""
     config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", TWO_LOCAL)
@@ -32,6 +33,7 @@ def test_linktest_reports_every_link(tmp_path: Path) -> None:
     assert 0 < report["latency"]["p50_us"] <= report["latency"]["p99_us"]
 
 
+@pytest.mark.e2e
 def test_linktest_fails_below_min_gbps(tmp_path: Path) -> None:
     """A threshold no link reaches makes the test fail (exit 1) and says which links."""
     config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", TWO_LOCAL)
@@ -67,6 +69,7 @@ def ring_config(tmp_path: Path, net: MultiHost) -> Path:
     return config
 
 
+@pytest.mark.e2e
 def test_linktest_sees_the_shaped_cable(netns_hosts: HostsFactory, tmp_path: Path) -> None:
     """A ring of 3 hosts with the h0-h1 cable shaped to 200 Mbit/s: that link measures below
     0.25 Gbit/s, the others several times more."""
@@ -81,6 +84,7 @@ def test_linktest_sees_the_shaped_cable(netns_hosts: HostsFactory, tmp_path: Pat
     assert min(gbits[("h1", "h2")], gbits[("h2", "h0")]) > 4 * gbits[("h0", "h1")], gbits
 
 
+@pytest.mark.e2e
 def test_linktest_names_a_dead_cable_in_seconds(netns_hosts: HostsFactory, tmp_path: Path) -> None:
     """Every packet on the h1-h2 cable dropped: linktest fails fast, naming that link."""
     net = netns_hosts(3, "ring")

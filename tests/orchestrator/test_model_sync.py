@@ -93,6 +93,7 @@ def test_sync_settings_are_checked_with_the_config(tmp_path: Path) -> None:
     assert done.returncode == 2 and "bundled model: it is not synced" in done.stderr
 
 
+@pytest.mark.e2e
 def test_a_node_without_the_model_gets_it_and_the_cluster_serves(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -111,6 +112,7 @@ def test_a_node_without_the_model_gets_it_and_the_cluster_serves(
     assert same_model(net, 0, model, tiny_model_dir) and same_model(net, 1, model, tiny_model_dir)
 
 
+@pytest.mark.e2e
 def test_one_corrupted_byte_is_found_by_the_full_digest_and_repaired(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -174,6 +176,7 @@ def flip_a_byte(path: Path) -> os.stat_result:
     return st
 
 
+@pytest.mark.e2e
 def test_an_interrupted_sync_resumes_and_sends_less(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -222,6 +225,7 @@ def test_an_interrupted_sync_resumes_and_sends_less(
     assert resumed_in <= sent_at_most, (resumed_in, sent_at_most, report["total_bytes"])
 
 
+@pytest.mark.e2e
 def test_a_small_disk_and_a_read_only_one_are_refused_and_a_bad_source_named(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -278,6 +282,7 @@ def wait_staged(process: subprocess.Popen[str], staged: Path, size: int) -> None
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 def test_a_disk_full_midway_names_node_and_file_and_the_next_run_recovers(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -310,6 +315,7 @@ def test_a_disk_full_midway_names_node_and_file_and_the_next_run_recovers(
     assert same_model(net, 0, model, tiny_model_dir)
 
 
+@pytest.mark.e2e
 def test_a_node_dropping_midway_is_named_and_the_next_run_recovers(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -16,7 +16,7 @@ from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import Orchestrator, run_cli, running, write_cluster
 from testkit.rank_cluster import rank_cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 BUNDLED = "bundled:smollm2-135m-instruct"
 PROMPTS = ["The capital of France is"]

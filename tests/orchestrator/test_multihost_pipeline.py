@@ -14,7 +14,7 @@ from testkit.netns import HostsFactory
 from testkit.orchestrator_process import run_cli, running, write_cluster
 from testkit.rank_cluster import rank_cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 PROMPT = "The capital of France is"
 

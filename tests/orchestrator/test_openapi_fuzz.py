@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from testkit.openapi_fuzz import fuzz
 from testkit.orchestrator_process import running, write_cluster
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 KEY = "fuzz-key"
 # Generated requests per operation in the fuzzing phase (the coverage phase adds its own
 # boundary cases): without the key each is a quick 401, so fewer do. About 90 s in all.

@@ -15,7 +15,7 @@ import pytest
 from testkit.chromium import chromium
 from testkit.orchestrator_process import run_cli, running, write_cluster
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 KEY = "page-key-1"
 
 

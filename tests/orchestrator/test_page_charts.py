@@ -23,7 +23,7 @@ from orchestrator.status.links import record_linktest
 from testkit.chromium import chromium
 from testkit.orchestrator_process import run_cli, running, write_cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 KEY = "charts-key-1"
 ENV = {"CHARTS_TEST_KEY": KEY}
 HEADERS = {"Authorization": f"Bearer {KEY}"}

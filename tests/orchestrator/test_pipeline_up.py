@@ -11,9 +11,12 @@ import tomllib
 from pathlib import Path
 
 import httpx
+import pytest
 
 from testkit.orchestrator_process import run_cli, running, write_cluster
 from testkit.waiting import metric_value
+
+pytestmark = pytest.mark.e2e
 
 NODES = [
     {"name": "big", "ip": "127.0.0.1", "memory_gb": 2.0},

@@ -16,7 +16,7 @@ from testkit.load import Load
 from testkit.netns import HostsFactory
 from testkit.orchestrator_process import run_cli, running, write_cluster
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 ASLEEP_S = 60.0  # the figure: longer than five reconnects with backoff used to take
 REQUEST_TIMEOUT_S = 30.0

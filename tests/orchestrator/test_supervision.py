@@ -25,6 +25,8 @@ from testkit.orchestrator_process import (
 )
 from testkit.sshd import SshdServer
 
+pytestmark = pytest.mark.e2e
+
 FAST_RESTARTS = {
     "backoff_initial_s": 0.5,
     "backoff_max_s": 4.0,

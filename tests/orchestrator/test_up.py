@@ -64,6 +64,7 @@ def _api_url(config: Path) -> str:
     return f"http://{api['host']}:{api['port']}"
 
 
+@pytest.mark.e2e
 def test_chat_through_gateway(smollm_cluster: Cluster) -> None:
     """The official openai client chats through the gateway, whole and streamed."""
     client = smollm_cluster.client()
@@ -86,6 +87,7 @@ def test_chat_through_gateway(smollm_cluster: Cluster) -> None:
     assert text == reply.choices[0].message.content
 
 
+@pytest.mark.e2e
 def test_status_shows_three_ready_ranks(
     smollm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -103,6 +105,7 @@ def test_status_shows_three_ready_ranks(
     assert "…" not in table.stdout and "memory used/total (ranks)" in table.stdout
 
 
+@pytest.mark.e2e
 def test_metrics_has_both_families(smollm_cluster: Cluster) -> None:
     """/metrics parses and carries orchestrator_* and rank 0's serving_* families."""
     text = httpx.get(f"{smollm_cluster.url}/metrics", timeout=10).text
@@ -119,6 +122,7 @@ def test_metrics_has_both_families(smollm_cluster: Cluster) -> None:
     assert {"serving_requests_running", "serving_batch_size", "serving_steps"} <= names
 
 
+@pytest.mark.e2e
 def test_live_node_usage_in_metrics_and_status(smollm_cluster: Cluster) -> None:
     """Every node reports its memory and its ranks' RSS every few seconds: in /metrics and
     in `status`, fresh."""
@@ -138,6 +142,7 @@ def test_live_node_usage_in_metrics_and_status(smollm_cluster: Cluster) -> None:
         assert node["memory_available_bytes"] > 0 and node["memory_ranks_bytes"] > 50e6
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("method", "path"),
     [
@@ -167,12 +172,14 @@ def test_api_key_required_on_v1(smollm_cluster: Cluster, method: str, path: str)
     assert good.status_code == 200, good.text
 
 
+@pytest.mark.e2e
 def test_health_needs_no_key(smollm_cluster: Cluster) -> None:
     """/health stays open when an API key is set."""
     response = httpx.get(f"{smollm_cluster.url}/health")
     assert response.status_code == 200 and response.json()["status"] == "ready"
 
 
+@pytest.mark.e2e
 def test_bench_measures_the_cluster(smollm_cluster: Cluster) -> None:
     """`orchestrator bench --json` streams through the gateway: every stream done, sane figures."""
     result = run_cli("bench", str(smollm_cluster.config), "--json", "--streams", "3",
@@ -191,6 +198,7 @@ def test_bench_measures_the_cluster(smollm_cluster: Cluster) -> None:
     assert table.returncode == 0 and "TTFT" in table.stdout and "tokens/s" in table.stdout
 
 
+@pytest.mark.e2e
 def test_second_up_is_refused(smollm_cluster: Cluster) -> None:
     """A second `up` of the same cluster refuses to start and names the running one."""
     result = run_cli("up", str(smollm_cluster.config), env=KEY_ENV)
@@ -198,6 +206,7 @@ def test_second_up_is_refused(smollm_cluster: Cluster) -> None:
     assert "already run by orchestrator pid" in result.stderr + result.stdout
 
 
+@pytest.mark.e2e
 def test_down_leaves_nothing(smollm_cluster: Cluster) -> None:
     """`down` stops the orchestrator gracefully; no process of the cluster is left (runs last).
     (Its drain: test_gateway_requests.py, on a cluster that answers faster.)"""
@@ -213,6 +222,7 @@ def test_down_leaves_nothing(smollm_cluster: Cluster) -> None:
     assert status.returncode == 2 and json.loads(status.stdout)["state"] == "not_running"
 
 
+@pytest.mark.e2e
 def test_preflight_failure_launches_nothing(tmp_path: Path, bundled_model_dir: Path) -> None:
     """SmolLM2 on 2 ranks fails preflight: exit 2, the heads message, no rank started."""
     config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", LOCAL3[:2])
@@ -225,6 +235,7 @@ def test_preflight_failure_launches_nothing(tmp_path: Path, bundled_model_dir: P
     assert "rank 0 started" not in orchestrator.text
 
 
+@pytest.mark.e2e
 def test_taken_port_fails_preflight(tmp_path: Path, tiny_model_dir: Path) -> None:
     """A gateway port already in use is reported by preflight, exit 2."""
     import socket
@@ -242,6 +253,7 @@ def test_taken_port_fails_preflight(tmp_path: Path, tiny_model_dir: Path) -> Non
     assert f"127.0.0.1:{port} (api.port) is already in use" in orchestrator.text
 
 
+@pytest.mark.e2e
 def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path) -> None:
     """SIGKILL of the orchestrator takes agents and ranks down; a new `up` first ends a rank
     its state file still records as running, then starts cleanly."""
@@ -305,6 +317,7 @@ def leftover_rank(launch_id: str) -> Iterator[subprocess.Popen[bytes]]:
             process.wait(10)
 
 
+@pytest.mark.e2e
 def test_a_request_through_the_gateway_wakes_idle_workers(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -344,6 +357,7 @@ def test_dry_run_prints_plan(tmp_path: Path) -> None:
     assert json.loads(plan["ranks"][0]["files"]["hostfile.json"])[2][0].startswith("127.0.0.1:")
 
 
+@pytest.mark.e2e
 def test_two_ssh_nodes_up_chat_down(sshd: SshdServer, tmp_path: Path, tiny_model_dir: Path) -> None:
     """Two nodes reached through two real sshd servers run 2 ranks of the test model."""
     (tmp_path / "second-sshd").mkdir()

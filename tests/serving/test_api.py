@@ -19,6 +19,8 @@ from contract.blas import find_openblas
 from testkit.rank_cluster import RankCluster, rank_cluster
 from testkit.waiting import metric_value, wait_until
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "smollm2"
 
 

@@ -15,6 +15,8 @@ from contract.exit_codes import RankExit
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import metric_value, wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 def fire_request(base_url: str, max_tokens: int = 8) -> threading.Thread:
     """Send a completion in the background (its outcome is not the point)."""

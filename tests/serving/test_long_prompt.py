@@ -11,6 +11,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import httpx
+import pytest
 
 from contract.settings import ServingSettings
 from testkit import mlx_lm_reference
@@ -18,6 +19,7 @@ from testkit.load import stream_token_times
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
 ANSWER_TOKENS = 8
 
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import metric_value
+
+pytestmark = pytest.mark.e2e
 
 PROMPT = "Write a haiku about the sea."
 PROCESSED = {

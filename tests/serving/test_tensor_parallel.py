@@ -20,6 +20,8 @@ from testkit import mlx_lm_reference
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import metric_value
 
+pytestmark = pytest.mark.e2e
+
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea."]
 # Every processor at once, sampled with a seed: every rank must apply them alike (the
 # plan carries them) or the next plan's token digest stops the gang with a desync.

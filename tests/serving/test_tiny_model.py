@@ -78,6 +78,7 @@ def test_head_counts_must_divide(tmp_path: Path) -> None:
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tiny_model_shards_over_ring(tmp_path: Path, tiny_model_dir: Path, world_size: int) -> None:
     """sharded_load over real ring ranks on 127.0.0.1 splits the heads and every rank

@@ -159,6 +159,7 @@ def tool_server(
         yield ToolServer(url, model)
 
 
+@pytest.mark.e2e
 def test_openai_client_gets_tool_calls(tool_server: ToolServer) -> None:
     """Non-streaming: message.tool_calls and finish_reason tool_calls; the call and its
     result go back in the history and the next turn is answered, with the whole result in
@@ -190,6 +191,7 @@ def test_openai_client_gets_tool_calls(tool_server: ToolServer) -> None:
     assert prompt_tokens[long] - prompt_tokens[short] == grew > 0, (prompt_tokens, grew)
 
 
+@pytest.mark.e2e
 def test_streamed_tool_calls_arrive_as_deltas(tool_server: ToolServer) -> None:
     """Streaming: the call arrives in delta.tool_calls (index, id, name, arguments)."""
     client = openai.OpenAI(base_url=f"{tool_server.base_url}/v1", api_key="x", max_retries=0)

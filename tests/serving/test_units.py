@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from contract.exit_codes import RankExit, describe_exit
 from contract.rank_env import RANKS_ON_MACHINE
 from contract.settings import (
     ModelSettings,
@@ -16,7 +15,6 @@ from contract.settings import (
     ServingSettings,
     SettingsError,
     dump_settings,
-    load_settings,
 )
 from serving.blas import _threads_per_rank
 from serving.distributed import DistributedEnvError, detect_env, is_peer_lost
@@ -34,43 +32,6 @@ from serving.engine.step_plan import (
 from serving.faults import Fault, FaultSpecError, parse_faults
 from serving.rank.cli import parse_settings
 from serving.rank.worker import Desync, check_plan
-
-
-def test_exit_codes_are_distinct_and_clear_of_shell_codes() -> None:
-    """Every RankExit is unique, has a meaning, and avoids 1, 2 and 128+n."""
-    codes = [int(c) for c in RankExit]
-    assert len(codes) == len(set(codes))
-    assert all(c not in (1, 2) and c < 128 for c in codes)
-    assert all(c.meaning for c in RankExit)
-    assert describe_exit(RankExit.PEER_LOST).startswith("peer_lost")
-    assert describe_exit(-9) == "killed by signal 9"
-
-
-def test_settings_round_trip(tmp_path: Path) -> None:
-    """dump_settings then load_settings gives the same settings."""
-    settings = RankSettings(
-        model=ModelSettings(path="bundled:smollm2-135m-instruct"),
-        serving=ServingSettings(rank_api_port=9000),
-    )
-    dump_settings(settings, tmp_path / "s.json")
-    assert load_settings(tmp_path / "s.json") == settings
-
-
-@pytest.mark.parametrize(
-    "content",
-    [
-        '{"model": {"path": ""}}',
-        '{"model": {"path": "m"}, "serving": {"max_batch_size": 0}}',
-        '{"model": {"path": "m"}, "bogus": 1}',
-        '{"model": {"path": "m"}, "serving": {"max_tokens_default": 9, "max_tokens_limit": 4}}',
-        "not json",
-    ],
-)
-def test_invalid_settings_file_is_rejected(tmp_path: Path, content: str) -> None:
-    """Invalid values, unknown fields and malformed JSON raise SettingsError."""
-    (tmp_path / "s.json").write_text(content)
-    with pytest.raises(SettingsError):
-        load_settings(tmp_path / "s.json")
 
 
 def test_cli_flags_override_settings_file(tmp_path: Path) -> None:

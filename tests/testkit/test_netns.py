@@ -14,7 +14,7 @@ from testkit import require
 from testkit.netns import IP, HostsFactory, MultiHost, multi_host, usable
 from testkit.require import missing
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 # A TCP connect from inside a host, as the ranks make them; prints ok or the error.
 CONNECT = (

@@ -14,7 +14,7 @@ from orchestrator.transports import LocalTransport
 from testkit.agent_events import EventLog
 from testkit.ports import free_ports
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 RANK = (
     "import mlx.core as mx\n"

@@ -26,7 +26,7 @@ from testkit.agent_events import (
 )
 from testkit.sshd import SshdServer
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 
 def transport(sshd: SshdServer, tmp_path: Path, **node: Any) -> SshTransport:

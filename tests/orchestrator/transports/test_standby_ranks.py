@@ -13,6 +13,8 @@ from orchestrator.config import NodeSpec
 from orchestrator.transports import AgentHandle, LocalTransport
 from testkit.agent_events import EventLog, kill_if_alive, pid_gone, wait_gone
 
+pytestmark = pytest.mark.e2e
+
 # Like `python -m serving`: as a standby it waits for "go" on stdin before its real work.
 HELD_RANK = [
     sys.executable,
