@@ -38,6 +38,7 @@ from serving.api.generation import Admitted, Collected, admit, failure_error, re
 from serving.api.messages_prompt import (
     check_prompt_fields,
     check_request,
+    max_tokens,
     sampling_params,
     template_messages,
     tool_plan,
@@ -158,11 +159,13 @@ class MessagesController(Controller):
     async def create(self, request: Request, state: State) -> Response[Message] | Stream:
         serving: ServingState = state.serving
         req = decode_body(await request.body(), MessagesRequest)
-        check_request(req, serving.model_id, serving.settings.serving.max_tokens_limit)
+        check_request(req, serving.model_id)
         _, model = ready(serving)
         tools = tool_plan(req, model.tokenizer)
         prompt = render_prompt(model.tokenizer, template_messages(req), tools)
-        admitted = admit(serving, prompt, sampling_params(req, model), req.stop_sequences or [])
+        cap = max_tokens(req, len(prompt), model, serving.settings.serving.max_tokens_limit)
+        params = sampling_params(req, model, cap)
+        admitted = admit(serving, prompt, params, req.stop_sequences or [])
         answer = MessageAnswer(
             f"msg_{admitted.request_id}", serving.model_id,
             ToolCallStream(model.tokenizer, tools), admitted.prompt_tokens,

@@ -53,11 +53,10 @@ def check_prompt_fields(req: PromptFields, served: str) -> None:
                           "tool_choice.name")
 
 
-def check_request(req: MessagesRequest, served: str, limit: int) -> None:
+def check_request(req: MessagesRequest, served: str) -> None:
     check_prompt_fields(req, served)
-    if not 1 <= req.max_tokens <= limit:
-        raise invalid(f"max_tokens must be between 1 and {limit}, got {req.max_tokens}",
-                      "max_tokens")
+    if req.max_tokens < 1:
+        raise invalid(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
     if req.temperature is not None and not 0 <= req.temperature <= 1:
         raise invalid(f"temperature must be in [0, 1], got {req.temperature}", "temperature")
     if req.top_p is not None and not 0 < req.top_p <= 1:
@@ -73,12 +72,19 @@ def check_request(req: MessagesRequest, served: str, limit: int) -> None:
                       "service_tier")
 
 
-def sampling_params(req: MessagesRequest, model: ServedModel) -> SamplingParams:
+def max_tokens(req: MessagesRequest, prompt_tokens: int, model: ServedModel, limit: int) -> int:
+    """max_tokens is a ceiling here, as agents use it (Claude Code asks 32,000): capped at
+    the server's limit and at what the context leaves after the prompt; the answer then
+    says `stop_reason: "max_tokens"` if it reaches the cap."""
+    return max(1, min(req.max_tokens, limit, model.context_length - prompt_tokens))
+
+
+def sampling_params(req: MessagesRequest, model: ServedModel, max_tokens: int) -> SamplingParams:
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or 0,
-        max_tokens=req.max_tokens,
+        max_tokens=max_tokens,
         seed=random_seed(),
         forced=model.forced_output,
     )

@@ -383,11 +383,11 @@ def claude(server: RankCluster) -> anthropic.Anthropic:
 def test_anthropic_messages_whole_and_streamed(
     claude: anthropic.Anthropic, server: RankCluster
 ) -> None:
-    """The official anthropic client: a system prompt and a text block; the streamed text
-    equals the whole one, usage and stop reason agree; count_tokens counts the same prompt."""
+    """The official anthropic client: text blocks; the streamed text equals the whole one,
+    usage and stop reason agree; count_tokens counts the same prompt, and the system
+    prompt in it."""
     args: dict[str, Any] = {
         "model": MODEL,
-        "system": "You are a geography teacher.",
         "messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is the capital of France?"}]}],
         "max_tokens": 12,
@@ -405,8 +405,11 @@ def test_anthropic_messages_whole_and_streamed(
     assert (final.stop_reason, final.usage.output_tokens) == (
         whole.stop_reason, whole.usage.output_tokens)
     args.pop("max_tokens"), args.pop("extra_body")
-    counted = claude.messages.count_tokens(**args)
-    assert counted.input_tokens == whole.usage.input_tokens > 0
+    assert claude.messages.count_tokens(**args).input_tokens == whole.usage.input_tokens > 0
+    system = "You are a geography teacher who answers in one word."
+    taught = claude.messages.create(**args, system=system, max_tokens=1)
+    counted = claude.messages.count_tokens(**args, system=system).input_tokens
+    assert taught.usage.input_tokens == counted != whole.usage.input_tokens
 
 
 def test_anthropic_event_sequence_and_stop_sequence(server: RankCluster) -> None:
@@ -423,11 +426,11 @@ def test_anthropic_event_sequence_and_stop_sequence(server: RankCluster) -> None
     assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     plain = httpx.post(url, json={**body, "stream": False}, timeout=120).json()
     text = plain["content"][0]["text"]
-    stop = text.strip()[:2]
+    stop = text[3:5]
     cut = httpx.post(url, json={**body, "stream": False, "stop_sequences": [stop]},
                      timeout=120).json()
     assert (cut["stop_reason"], cut["stop_sequence"]) == ("stop_sequence", stop)
-    assert cut["content"][0]["text"] == text[: text.index(stop)]
+    assert "".join(b["text"] for b in cut["content"]) == text[: text.index(stop)] != ""
 
 
 BAD_MESSAGES = [

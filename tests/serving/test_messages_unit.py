@@ -14,7 +14,8 @@ from contract.anthropic_schemas import MessagesRequest
 from contract.openai_errors import ApiError
 from contract.openai_schemas import FunctionCall, ToolCall
 from serving.api.messages import stop_reason, tool_use
-from serving.api.messages_prompt import check_request, template_messages, tool_plan
+from serving.api.messages_prompt import check_request, max_tokens, template_messages, tool_plan
+from serving.api.state import ServedModel
 from serving.engine.requests import Finished
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object"}}
@@ -85,10 +86,16 @@ def test_stop_reasons_and_tool_use_blocks() -> None:
     assert (block.id, block.input) == ("toolu_abc", {"city": "Paris"})
 
 
-def test_the_served_model_and_ranges_are_checked() -> None:
+def test_the_served_model_is_checked_and_max_tokens_is_a_ceiling() -> None:
+    """An unknown model is a 404; max_tokens is capped by the server's limit and by the
+    context the prompt leaves, never below 1."""
     with pytest.raises(ApiError) as caught:
-        check_request(request(model="claude-x"), "m", 16)
+        check_request(request(model="claude-x"), "m")
     assert caught.value.status == 404
     with pytest.raises(ApiError) as caught:
-        check_request(request(max_tokens=17), "m", 16)
+        check_request(request(max_tokens=0), "m")
     assert caught.value.body.param == "max_tokens"
+    model = ServedModel(None, context_length=1000, vocab_size=10)
+    assert max_tokens(request(max_tokens=32000), 100, model, 4096) == 900
+    assert max_tokens(request(max_tokens=32000), 100, model, 512) == 512
+    assert max_tokens(request(max_tokens=8), 100, model, 512) == 8
