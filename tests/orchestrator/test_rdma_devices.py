@@ -17,10 +17,14 @@ from orchestrator.transports.pool import NodePool
 TOOLS = Path(__file__).parents[1] / "fixtures" / "node_tools"
 
 
-def jaccl_pool(tmp_path: Path, backend: str = "jaccl") -> NodePool:
+def jaccl_pool(
+    tmp_path: Path, backend: str = "jaccl", rdma: list[list[str]] | None = None
+) -> NodePool:
+    devices = rdma or [[""]]
     data = {
         "cluster": {"backend": backend, "state_dir": str(tmp_path)},
-        "nodes": [{"name": "n0", "ip": "127.0.0.1", "rdma": [""]}],
+        "nodes": [{"name": f"n{i}", "ip": "127.0.0.1", "rdma": row}
+                  for i, row in enumerate(devices)],
     }
     spec, _ = check_cluster_data(data, tmp_path / "cluster.toml")
     return NodePool(spec, on_event=lambda n, e: None, on_lost=lambda n, x: None)
@@ -58,8 +62,7 @@ async def test_a_device_renamed_after_a_reboot_is_named_with_what_the_node_has(
 ) -> None:
     """cluster.toml says rdma_en5; after a reboot the Mac has rdma_en2..4 (recorded
     `ibv_devices`): failed at once naming them; the model is not hashed again."""
-    pool = jaccl_pool(tmp_path)
-    pool.spec.nodes[0].rdma = ["", "rdma_en5"]
+    pool = jaccl_pool(tmp_path, rdma=[["", "rdma_en5"], ["rdma_en2", ""]])
     await pool.connect("n0")
     try:
         linux = await pool.agent("n0").fingerprint(None)
@@ -73,11 +76,13 @@ async def test_a_device_renamed_after_a_reboot_is_named_with_what_the_node_has(
             device_names=parse_ibv_devices((TOOLS / "ibv_devices_m4pro_mini.txt").read_text()),
         ),
     )
-    agent = RecordedAgent(mac)
-    pool.nodes["n0"].agent = agent  # type: ignore[assignment]
+    agents = {name: RecordedAgent(mac) for name in pool.nodes}  # both Macs the same
+    for name, agent in agents.items():
+        pool.nodes[name].agent = agent  # type: ignore[assignment]
     failures = await rdma_device_problems(pool.spec, pool, now=1.0)
-    assert agent.asked == [None]
-    assert len(failures) == 1 and failures[0].cause == Cause.SPAWN_FAILED
+    assert [agent.asked for agent in agents.values()] == [[None], [None]]
+    # (The recorded Mac has no en5 interface either: its IPv4 check fails beside it.)
+    assert failures and {f.cause for f in failures} == {Cause.SPAWN_FAILED}
     detail = failures[0].detail
     assert "rdma_en5 not found (present: rdma_en2, rdma_en3, rdma_en4)" in detail
     assert "device names can change after a reboot" in detail
