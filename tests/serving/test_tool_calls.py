@@ -215,6 +215,7 @@ CLAUDE_TOOLS: list[Any] = [{
 }]
 
 
+@pytest.mark.e2e
 def test_anthropic_client_gets_tool_use_and_sends_results(tool_server: ToolServer) -> None:
     """Anthropic's tools: the call is a tool_use block (input an object), stop_reason
     tool_use; the tool_use and its tool_result go back in the history, the result reaches
@@ -244,6 +245,7 @@ def test_anthropic_client_gets_tool_use_and_sends_results(tool_server: ToolServe
     assert again.usage.input_tokens == short and again.stop_reason == "tool_use"
 
 
+@pytest.mark.e2e
 def test_anthropic_streamed_tool_use(tool_server: ToolServer) -> None:
     """Streaming: the call arrives as a tool_use block whose input the client assembles from
     input_json_delta; no call markup leaks into text."""

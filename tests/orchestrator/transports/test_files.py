@@ -20,7 +20,7 @@ from testkit.sshd import SshdServer
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.e2e)])  # ssh: a real sshd
 async def transport(request: pytest.FixtureRequest) -> AsyncIterator[Transport]:
     if request.param == "local":
         t: Transport = LocalTransport(NodeSpec(name="here"))
@@ -150,6 +150,7 @@ async def test_run_without_an_agent(transport: Transport, tmp_path: Path) -> Non
         await transport.run(["sleep", "2"], timeout=0.5)
 
 
+@pytest.mark.e2e
 async def test_ssh_files_after_the_connection_closed_are_connection_errors(
     sshd: SshdServer, tmp_path: Path
 ) -> None:
