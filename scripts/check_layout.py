@@ -8,6 +8,8 @@
   them all; bench may use them and testkit, never tests;
 - no module over 400 lines, no function over 60 lines;
 - SSH lives in the transport: no module outside orchestrator/transports/ imports asyncssh.
+- one error table: the OpenAI and Anthropic error types are named in
+  contract/openai_errors.py only (both servers map statuses through it);
 - every pytest marker the tests use is registered in pyproject.toml (and --strict-markers
   is on), so `-m "not e2e"` cannot miss a misspelt mark.
 """
@@ -32,6 +34,11 @@ ALLOWED: dict[str, set[str]] = {
 }
 CONTRACT_THIRD_PARTY = {"msgspec"}
 SSH_LIBRARY, SSH_HOME = "asyncssh", "orchestrator.transports"
+# Error types a second status -> type table would spell out; only their one home may.
+ERROR_TYPES = {"invalid_request_error", "server_error", "authentication_error",
+               "rate_limit_error", "not_found_error", "overloaded_error", "api_error"}
+ERROR_TABLE_HOME = "contract.openai_errors"
+SHIPPED = ("contract", "node_agent", "serving", "orchestrator")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 # Markers pytest and our plugins (pytest-asyncio, pytest-timeout) register themselves.
@@ -136,6 +143,16 @@ def dependency_problems(name: str, targets: set[str], known: dict[str, Path]) ->
             )
 
 
+def error_table_problems(name: str, tree: ast.Module) -> Iterator[str]:
+    """An error type spelt outside contract/openai_errors.py is the start of a second table."""
+    if name == ERROR_TABLE_HOME or not name.startswith(SHIPPED):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in ERROR_TYPES:
+            yield (f"{name}:{node.lineno}: error type {node.value!r} spelt outside "
+                   f"{ERROR_TABLE_HOME} (map the status through its table)")
+
+
 def marker_problems() -> Iterator[str]:
     """Every `pytest.mark.NAME` under tests/ is registered in pyproject.toml's markers."""
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
@@ -170,6 +187,7 @@ def main() -> int:
         graph[name] = {m for t in targets if (m := owner(t, known)) and m != name}
         problems += dependency_problems(name, targets, known)
         problems += size_problems(name, path, tree)
+        problems += error_table_problems(name, tree)
     problems += [f"import cycle: {' <-> '.join(c)}" for c in cycles(graph)]
     problems += marker_problems()
     for problem in problems:
