@@ -12,21 +12,11 @@ import pytest
 
 from testkit.rank_cluster import rank_cluster
 from testkit.waiting import metric_value
+from tests.serving.test_tensor_parallel import PROCESSED  # every logits processor at once
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Write a haiku about the sea."
-PROCESSED = {
-    "presence_penalty": 0.5,
-    "frequency_penalty": 0.5,
-    "repetition_penalty": 1.3,
-    "logit_bias": {"42": 5.0, "28": -5.0},
-    "min_p": 0.05,
-    "temperature": 0.7,
-    "seed": 11,
-    "logprobs": True,
-    "top_logprobs": 2,
-}
 
 
 def chat(url: str, messages: list[dict[str, str]], **fields: object) -> dict[str, object]:
