@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import threading
 from collections.abc import Generator
 
@@ -23,6 +24,12 @@ from tests.model_fixtures import (  # noqa: F401
 
 E2E_PROGRAMS = {"sshd", "chromium", "chrome", "chrome_crashpad_handler", "prometheus", "ip"}
 WATCH_INTERVAL_S = 0.25  # e2e programs live for seconds; a poll costs ~5 ms
+
+# A suite started in the background (`scripts/test &`, a CI runner without a terminal)
+# may inherit SIGINT ignored, and pass it on to every process a test starts: the Ctrl-C
+# tests (`pull`, `up`, `down`) need it delivered. A Python handler here makes children
+# start with the default again.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
