@@ -19,6 +19,9 @@ from orchestrator.models.hub import ALLOW_PATTERNS
 from testkit.hub_server import HubServer, ServedRepo, serve_dir
 from tests.model_fixtures import bundled_quantized_dir  # noqa: F401
 
+# Each test runs the CLI as a child process against a local hub: seconds each.
+pytestmark = pytest.mark.e2e
+
 REPO = "mlx-community/SmolLM2-135M-Instruct-test"
 
 

@@ -36,6 +36,7 @@ print(json.dumps({"path": str(result.path), "converted": result.converted}))
 """
 
 
+@pytest.mark.e2e  # loads and runs a model: seconds
 def test_converted_model_loads_quantized_and_answers_paris(bundled_quantized_dir: Path) -> None:
     """mlx-lm loads the conversion (8-bit embedding, 4-bit layers) and answers the demo prompt."""
     import mlx.nn as nn

@@ -50,6 +50,7 @@ def greedy_tokens(model_dir: Path, prompt: str = PROMPT, max_tokens: int = MAX_T
     return [r.token for r in stream_generate(model, tokenizer, chat, max_tokens, sampler=sampler)]
 
 
+@pytest.mark.e2e  # loads and runs a model: seconds
 def test_tiny_model_generates_deterministically(tiny_model_dir: Path) -> None:
     """Greedy decoding runs to max_tokens (never EOS) and repeats exactly."""
     first = greedy_tokens(tiny_model_dir)
