@@ -28,7 +28,7 @@ KEY = "charts-key-1"
 ENV = {"CHARTS_TEST_KEY": KEY}
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 PHONE = {"width": 375, "height": 812}
-SSE_WATCH_S = 30.0
+SSE_WATCH_S = 6.0  # the rate's bound only; the figure itself: the bench's job
 
 
 @pytest.fixture
