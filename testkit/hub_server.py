@@ -29,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+# The bundled model served as this repo in the tests.
+TEST_REPO = "mlx-community/SmolLM2-135M-Instruct-test"
 CHUNK = 1 << 20
 
 

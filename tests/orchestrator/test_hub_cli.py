@@ -10,30 +10,17 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator.models.hub import ALLOW_PATTERNS
-from testkit.hub_server import HubServer, ServedRepo, serve_dir
-from tests.model_fixtures import bundled_quantized_dir  # noqa: F401
+from testkit.hub_server import TEST_REPO, HubServer, ServedRepo
 
 # Each test runs the CLI as a child process against a local hub: seconds each.
 pytestmark = pytest.mark.e2e
 
-REPO = "mlx-community/SmolLM2-135M-Instruct-test"
 
-
-@pytest.fixture(scope="module")
-def served(bundled_quantized_dir: Path) -> ServedRepo:  # noqa: F811
-    return serve_dir(REPO, bundled_quantized_dir)
-
-
-@pytest.fixture
-def hub(served: ServedRepo) -> Iterator[HubServer]:
-    with HubServer([served]) as server:
-        yield server
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -49,7 +36,7 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 def _cluster(tmp_path: Path, store: Path | None = None) -> Path:
     config = tmp_path / "cluster.toml"
     extra = f'store = "{store}"\n' if store else ""
-    config.write_text(f'[[nodes]]\nname = "a"\n[model]\npath = "hf:{REPO}"\n{extra}')
+    config.write_text(f'[[nodes]]\nname = "a"\n[model]\npath = "hf:{TEST_REPO}"\n{extra}')
     return config
 
 
@@ -71,7 +58,7 @@ def test_pull_models_plan_commands(tmp_path: Path, hub: HubServer, served: Serve
     before = _run(["plan", str(config)], env)
     assert before.returncode == 2 and f"orchestrator pull {config}" in before.stderr
     listed = json.loads(_run(["models", str(config), "--json"], env).stdout)
-    assert [(m["name"], m["where"], m["size_bytes"]) for m in listed] == [(REPO, "hub", total)]
+    assert [(m["name"], m["where"], m["size_bytes"]) for m in listed] == [(TEST_REPO, "hub", total)]
 
     pulled = _run(["pull", str(config), "--json"], env)
     assert pulled.returncode == 0, pulled.stderr
@@ -113,7 +100,7 @@ def test_pull_into_a_store_shows_progress_and_where_nodes_hold_it(
     result = _run(["pull", str(_cluster(tmp_path, store))], {"HF_ENDPOINT": hub.url})
     assert result.returncode == 0, result.stderr
     assert f"the nodes hold it at {store}/models--" in result.stdout
-    assert (store / f"models--{REPO.replace('/', '--')}" / "refs" / "main").is_file()
+    assert (store / f"models--{TEST_REPO.replace('/', '--')}" / "refs" / "main").is_file()
 
 
 def test_ctrl_c_keeps_what_arrived_and_the_next_pull_resumes(
@@ -144,7 +131,7 @@ def test_ctrl_c_keeps_what_arrived_and_the_next_pull_resumes(
             child.wait()
     assert child.returncode == 130, err
     assert f"`orchestrator pull {config}` resumes" in err
-    blobs = tmp_path / "cache" / f"models--{REPO.replace('/', '--')}" / "blobs"
+    blobs = tmp_path / "cache" / f"models--{TEST_REPO.replace('/', '--')}" / "blobs"
     kept = (blobs / f"{weights.sha256}.partial").stat().st_size
     assert kept > 0
     hub.faults.rate = None

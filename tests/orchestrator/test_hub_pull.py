@@ -4,7 +4,6 @@ bytes, a gated repo, offline mode."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,25 +13,13 @@ from contract.settings import ModelSettings
 from orchestrator.models.hub import ALLOW_PATTERNS, HubAccess, HubError
 from orchestrator.models.location import node_path, pinned_commit, resolve_spec
 from orchestrator.models.pull import PARTIAL, PullProgress, pull
-from testkit.hub_server import HubServer, ServedRepo, serve_dir
-from tests.model_fixtures import bundled_quantized_dir  # noqa: F401
+from testkit.hub_server import TEST_REPO, HubServer, ServedRepo
 
-REPO = "mlx-community/SmolLM2-135M-Instruct-test"
 WEIGHTS = "model.safetensors"
 
 
-@pytest.fixture(scope="module")
-def served(bundled_quantized_dir: Path) -> ServedRepo:  # noqa: F811
-    return serve_dir(REPO, bundled_quantized_dir)
 
-
-@pytest.fixture
-def hub(served: ServedRepo) -> Iterator[HubServer]:
-    with HubServer([served]) as server:
-        yield server
-
-
-def _model(store: Path, spec: str = f"hf:{REPO}") -> ModelSettings:
+def _model(store: Path, spec: str = f"hf:{TEST_REPO}") -> ModelSettings:
     return ModelSettings(path=spec, store=str(store))
 
 
@@ -57,15 +44,14 @@ def test_pull_into_empty_cache(tmp_path: Path, hub: HubServer, served: ServedRep
         report.downloaded_bytes == report.total_bytes == sum(f.size for f in served.files.values())
     )
     snapshot = Path(report.path)
-    assert (
-        snapshot
-        == tmp_path / "store" / f"models--{REPO.replace('/', '--')}" / "snapshots" / served.commit
-    )
+    repo_dir = tmp_path / "store" / f"models--{TEST_REPO.replace('/', '--')}"
+    assert snapshot == repo_dir / "snapshots" / served.commit
     _files_equal(snapshot, served.files[WEIGHTS].source.parent)
     assert sum(hub.sent.values()) == report.total_bytes  # nothing fetched twice
     # huggingface_hub itself finds it offline (what mlx-lm's load does with a hub id)
     found = snapshot_download(
-        REPO, cache_dir=tmp_path / "store", local_files_only=True, allow_patterns=ALLOW_PATTERNS
+        TEST_REPO, cache_dir=tmp_path / "store", local_files_only=True,
+        allow_patterns=ALLOW_PATTERNS,
     )
     assert Path(found) == snapshot
     assert pinned_commit(model) == served.commit
@@ -83,7 +69,7 @@ def test_cut_pull_resumes(tmp_path: Path, hub: HubServer, served: ServedRepo) ->
     hub.faults.refuse_after_cut = 10  # huggingface_hub retries within a run: make it give up
     with pytest.raises(HubError, match="pull again to resume"):
         pull(model, PullProgress(), _access(hub))
-    blobs = tmp_path / "store" / f"models--{REPO.replace('/', '--')}" / "blobs"
+    blobs = tmp_path / "store" / f"models--{TEST_REPO.replace('/', '--')}" / "blobs"
     partial = blobs / (served.files[WEIGHTS].sha256 + PARTIAL)
     kept = partial.stat().st_size  # what huggingface_hub had written: whole 10 MiB chunks
     assert 0 < kept <= size // 2 and size // 2 - kept < constants.DOWNLOAD_CHUNK_SIZE
@@ -103,7 +89,7 @@ def test_corrupt_bytes_refused(tmp_path: Path, hub: HubServer, served: ServedRep
     with pytest.raises(HubError, match="refused and removed") as caught:
         pull(_model(tmp_path / "store"), PullProgress(), _access(hub))
     assert WEIGHTS in str(caught.value)
-    blobs = tmp_path / "store" / f"models--{REPO.replace('/', '--')}" / "blobs"
+    blobs = tmp_path / "store" / f"models--{TEST_REPO.replace('/', '--')}" / "blobs"
     assert not (blobs / served.files[WEIGHTS].sha256).exists()
     assert not (blobs / (served.files[WEIGHTS].sha256 + PARTIAL)).exists()
 
@@ -117,7 +103,7 @@ def test_gated_repo_says_how_to_log_in(tmp_path: Path, served: ServedRepo) -> No
             with pytest.raises(HubError) as caught:
                 pull(_model(tmp_path / "store"), PullProgress(), _access(hub, token))
             message = str(caught.value)
-            assert f"HTTP {status}" in message and REPO in message
+            assert f"HTTP {status}" in message and TEST_REPO in message
             assert "hf auth login" in message and "HF_TOKEN" in message
         report = pull(_model(tmp_path / "store"), PullProgress(), _access(hub, "hf_right"))
         assert report.commit == served.commit
@@ -128,7 +114,7 @@ def test_unknown_repo_and_revision(tmp_path: Path, hub: HubServer) -> None:
     with pytest.raises(HubError, match="has no model mlx-community/nope"):
         pull(_model(tmp_path, "hf:mlx-community/nope"), PullProgress(), _access(hub))
     with pytest.raises(HubError, match="has no revision 'v9'"):
-        pull(_model(tmp_path, f"hf:{REPO}@v9"), PullProgress(), _access(hub))
+        pull(_model(tmp_path, f"hf:{TEST_REPO}@v9"), PullProgress(), _access(hub))
 
 
 def test_offline_uses_cache_or_fails_clearly(tmp_path: Path, hub: HubServer) -> None:

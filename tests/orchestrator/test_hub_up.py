@@ -4,21 +4,18 @@ tmpfs: the head pulls it from the local hub once, syncs it to every host, and th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from testkit.hub_server import HubServer, ServedRepo, serve_dir
+from testkit.hub_server import TEST_REPO, HubServer, ServedRepo
 from testkit.netns import HostsFactory, PrivateTmpfs
 from testkit.orchestrator_process import running, write_cluster
 from testkit.rank_cluster import rank_cluster
-from tests.model_fixtures import bundled_quantized_dir  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-REPO = "mlx-community/SmolLM2-135M-Instruct-test"
 SERVED_AS = "SmolLM2-135M-Instruct-test"
 PROMPTS = ["The capital of France is"]
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
@@ -30,36 +27,26 @@ def complete(base_url: str, model: str, prompt: str) -> str:
     return reply.choices[0].text
 
 
-@pytest.fixture(scope="module")
-def served(bundled_quantized_dir: Path) -> ServedRepo:  # noqa: F811
-    return serve_dir(REPO, bundled_quantized_dir)
-
-
-@pytest.fixture
-def hub(served: ServedRepo) -> Iterator[HubServer]:
-    with HubServer([served]) as server:
-        yield server
-
 
 def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     netns_hosts: HostsFactory,
     tmp_path: Path,
     hub: HubServer,
     served: ServedRepo,
-    bundled_quantized_dir: Path,  # noqa: F811
+    bundled_quantized_dir: Path,
 ) -> None:
     """3 hosts, nothing at the store: `up` with [model] sync pulls once at the head, syncs
     to all three, and greedy output equals the bundled model on one local rank."""
     with rank_cluster(tmp_path / "one", bundled_quantized_dir, 1, served_model_id="m") as one:
         reference = [complete(one.base_url, "m", prompt) for prompt in PROMPTS]
     store = tmp_path / "store"
-    snapshots = store / f"models--{REPO.replace('/', '--')}" / "snapshots"
+    snapshots = store / f"models--{TEST_REPO.replace('/', '--')}" / "snapshots"
     snapshot = snapshots / served.commit
     # Each host's own tmpfs at snapshots/ (not at the store: the hosts share ~/.cache, where
     # the agents keep a sync lock named after the model's parent directory's device).
     net = netns_hosts(3, "switch", PrivateTmpfs(str(snapshots), "256m"))
     assert not any(any(net.hosts[i].path(snapshots).iterdir()) for i in range(3))
-    model = {"path": f"hf:{REPO}", "store": str(store), "sync": True}
+    model = {"path": f"hf:{TEST_REPO}", "store": str(store), "sync": True}
     nodes = [net.node(i) for i in range(3)]
     config = write_cluster(tmp_path, model["path"], nodes, model=model, **NO_STANDBY)
     api = f"http://127.0.0.1:{_api_port(config)}"
@@ -67,7 +54,7 @@ def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     with running(config, env=env, url=api) as orchestrator:
         assert [complete(api, SERVED_AS, p) for p in PROMPTS] == reference
         text = orchestrator.text
-    assert f"model hf:{REPO} is {snapshot} on every node" in text, text
+    assert f"model hf:{TEST_REPO} is {snapshot} on every node" in text, text
     total = sum(f.size for f in served.files.values())
     assert sum(hub.sent.values()) == total  # pulled once, at the head
     for i in range(3):

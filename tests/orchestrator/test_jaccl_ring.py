@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ConfigErrors, ConfigIssue, check_cluster_file, load_cluster
+from orchestrator.config import load_cluster
 from orchestrator.config.jaccl_devices import node_devices
 from orchestrator.config.links import cable_labels, hops
 from orchestrator.launch.plan import build_plan
+from tests.orchestrator.test_config import errors_of, write
 
 # Four Mac Studios, each cabled to its two ring neighbours (4 cables, not a 6-cable mesh).
 # The LAN carries SSH and JACCL's TCP coordinator (rank 0's ip).
@@ -53,18 +54,6 @@ rdma = ["rdma_en2", "rdma_en3"]
 between = ["s4", "s1"]
 rdma = ["rdma_en2", "rdma_en3"]
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "cluster.toml"
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def errors_of(tmp_path: Path, text: str) -> list[ConfigIssue]:
-    with pytest.raises(ConfigErrors) as caught:
-        check_cluster_file(write(tmp_path, text))
-    return caught.value.issues
 
 
 def test_ring_plan_gives_neighbours_devices_and_null_elsewhere(tmp_path: Path) -> None:
