@@ -73,7 +73,7 @@ from orchestrator.loadgen.streams import (  # noqa: E402
     percentile,
 )
 from serving.model.bundled import default_cache_dir  # noqa: E402
-from testkit.orchestrator_process import running, write_cluster  # noqa: E402
+from testkit.orchestrator_process import rank0_headers, running, write_cluster  # noqa: E402
 from testkit.tiny_model import write_tiny_model  # noqa: E402
 
 PATHS = ("direct", "gateway")
@@ -103,10 +103,10 @@ def write_bench_cluster(tmp: Path, model: str, ranks: int) -> tuple[Path, dict[s
     return path, urls
 
 
-def pooled_client() -> httpx.Client:
+def pooled_client(headers: dict[str, str]) -> httpx.Client:
     """Keep-alive, like a real client; room for the aggregate's concurrent streams."""
     limits = httpx.Limits(max_connections=2 * STREAMS, max_keepalive_connections=2 * STREAMS)
-    return httpx.Client(timeout=httpx.Timeout(600.0), limits=limits)
+    return httpx.Client(timeout=httpx.Timeout(600.0), limits=limits, headers=headers)
 
 
 def completion_body(model: str, text: str) -> Body:
@@ -268,7 +268,9 @@ def bench_ranks(args: argparse.Namespace, ranks: int, stack: str) -> dict[str, A
                 pin_cores(up.process.pid)
             print(f"{ranks} rank(s), {stack} stack: direct {urls['direct']}, "
                   f"gateway {urls['gateway']}", flush=True)
-            clients = {path: pooled_client() for path in PATHS}
+            # Direct requests carry the launch's secret, as the gateway adds it to its own.
+            clients = {path: pooled_client(rank0_headers(config) if path == "direct" else {})
+                       for path in PATHS}
             try:
                 ttft = paired(clients, urls, args.pairs, stream_ttft, lambda serial:
                               chat_body(model, MESSAGE.format(serial=serial), 2))

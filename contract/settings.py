@@ -98,6 +98,9 @@ class RankSettings(Section):
     # Pipeline parallelism: layers per rank, indexed by rank (mlx-lm's split: rank 0 runs
     # the last layers); None: tensor parallel (contract/placement.py).
     pipeline_split: list[PositiveInt] | None = None
+    # Rank 0's /v1 routes require the secret held in this file of its working directory
+    # (contract/launch_secret.py); None: no secret (a rank started by hand, tests).
+    api_secret_file: str | None = None
 
     def __post_init__(self) -> None:
         problems = settings_problems(self.model, self.serving)

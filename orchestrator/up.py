@@ -26,6 +26,7 @@ from contract.placement import Placement
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
+from orchestrator.launch import launch_secret
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
 from orchestrator.launch.plan_command import describe
@@ -117,6 +118,7 @@ class Service:
             finally:
                 await pool.close_all()
                 remove_state(self.state_file)
+                launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
         return EXIT_OK
 
     async def _prepare(
@@ -240,6 +242,10 @@ class Service:
         )
 
     def _record_launch(self, gang: Gang) -> None:
+        # Kept for whoever must reach this launch's rank 0 later (an adopting orchestrator).
+        launch_secret.save(self.spec.state_dir, self.spec.cluster.name,
+                           launch_secret.LaunchSecret(launch_id=gang.launch_id,
+                                                      secret=gang.plan.secret))
         ranks = [
             RankRecord(rank=p.rank, node=p.node, pid=p.pid, launch_id=gang.launch_id)
             for p in gang.ranks.values()

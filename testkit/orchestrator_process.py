@@ -192,3 +192,17 @@ def run_cli(
         env={**os.environ, **(env or {})},
         check=False,
     )
+
+
+def rank0_headers(config: Path) -> dict[str, str]:
+    """What a test must send to call rank 0 directly: the running launch's secret, as the
+    gateway does (the orchestrator keeps it in the cluster's state dir)."""
+    import tomllib
+
+    from contract.launch_secret import HEADER
+    from orchestrator.launch import launch_secret
+
+    cluster = tomllib.loads(config.read_text())["cluster"]
+    record = launch_secret.load(Path(cluster["state_dir"]), cluster["name"])
+    assert record is not None, f"no launch secret kept for {config}: is the cluster up?"
+    return {HEADER: record.secret}

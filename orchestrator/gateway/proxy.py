@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import msgspec
 
+from contract import launch_secret
 from contract.anthropic_schemas import MESSAGES_PATH, anthropic_error, anthropic_event
 from contract.openai_errors import (
     DONE_EVENT,
@@ -33,6 +34,7 @@ _HOP_HEADERS = {
     "transfer-encoding",
     "authorization",
     "x-api-key",  # the gateway's key, as Anthropic's clients send it
+    launch_secret.HEADER.lower(),  # the gateway's own, below: never a client's
     "keep-alive",
     "accept-encoding",
 }
@@ -126,6 +128,8 @@ class Proxy:
             for k, v in headers.items()
             if k.lower() not in _HOP_HEADERS
         }
+        if upstream.secret:
+            forwarded[launch_secret.HEADER] = upstream.secret
         try:
             response = await self.client.request(method, url, data=body, headers=forwarded)
         except TRANSPORT_ERRORS as exc:

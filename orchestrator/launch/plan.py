@@ -20,13 +20,14 @@ from typing import Any
 import msgspec
 import tomli_w
 
-from contract import rank_env
+from contract import launch_secret, rank_env
 from contract.fingerprint import NodeFingerprint, ranks_on_machine
 from contract.placement import Placement
 from contract.settings import RankSettings, encode_settings
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.jaccl_devices import device_matrix, wants_ring_flag
 from orchestrator.config.links import rank_addresses
+from orchestrator.launch.launch_secret import new_secret
 
 RUNS_DIR = "~/.cache/mlx-cluster-orchestrator/runs"
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
@@ -50,6 +51,9 @@ class LaunchPlan(msgspec.Struct, kw_only=True):
     rank0_url: str
     ranks: list[RankLaunch]
     placement: Placement | None = None  # None: not decided (no fingerprints): tensor
+    # Rank 0's API requires it (contract/launch_secret.py); new for every plan, so a
+    # restarted gang never accepts the previous one's.
+    secret: str = ""
 
 
 def new_launch_id() -> str:
@@ -72,7 +76,9 @@ def build_plan(
         api_host=spec.rank0_api_host,
         shutdown_grace_s=spec.supervisor.stop_grace_s,
         pipeline_split=placement.pipeline_split if placement else None,
+        api_secret_file=launch_secret.FILE,
     )
+    secret = new_secret()
     files = {rank_env.SETTINGS_FILE: encode_settings(settings).decode()}
     if spec.world_size == 1:
         pass
@@ -87,7 +93,8 @@ def build_plan(
             argv=[node.python_executable, "-m", "serving", "--settings", rank_env.SETTINGS_FILE],
             env=_env(spec, node, rank, launch_id, sharing.get(node.name)),
             cwd=node.workdir or f"{RUNS_DIR}/{spec.cluster.name}/{launch_id}/rank{rank}",
-            files=files,
+            # Only rank 0 serves the API: only it holds the secret.
+            files={**files, launch_secret.FILE: secret} if rank == 0 else files,
         )
         for rank, node in enumerate(spec.nodes)
     ]
@@ -100,6 +107,7 @@ def build_plan(
         rank0_url=spec.rank0_url,
         ranks=ranks,
         placement=placement,
+        secret=secret,
     )
 
 
@@ -144,8 +152,11 @@ def plan_as_json(plan: LaunchPlan) -> str:
 
 def _shown(plan: LaunchPlan) -> dict[str, Any]:
     data: dict[str, Any] = msgspec.to_builtins(plan)
+    data["secret"] = "***"
     if data.get("placement") is None:
         data.pop("placement", None)  # TOML has no null
     for rank in data["ranks"]:
         rank["env"] = {k: "***" if _SECRET_NAME.search(k) else v for k, v in rank["env"].items()}
+        if launch_secret.FILE in rank["files"]:
+            rank["files"][launch_secret.FILE] = "***"
     return data

@@ -6,7 +6,7 @@ supervision loop can change (or half-read) its state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.launch.gang import LaunchedRank
 from orchestrator.supervision.failures import GangResult, RankFailure
@@ -20,6 +20,7 @@ class Upstream:
 
     url: str
     launch_id: str
+    secret: str = field(default="", repr=False)  # sent as contract.launch_secret.HEADER
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.datastructures import State
 
 from serving.api.chat import ChatController
 from serving.api.completions import CompletionsController
 from serving.api.errors import EXCEPTION_HANDLERS
+from serving.api.launch_secret import require_launch_secret
 from serving.api.messages import MessagesController
 from serving.api.state import ServingState
 from serving.api.system import HealthController, MetricsController, ModelsController
@@ -16,7 +17,13 @@ from serving.api.system import HealthController, MetricsController, ModelsContro
 def create_app(serving: ServingState) -> Litestar:
     return Litestar(
         route_handlers=[
-            ChatController, CompletionsController, MessagesController, ModelsController,
+            Router(
+                "/",
+                route_handlers=[
+                    ChatController, CompletionsController, MessagesController, ModelsController,
+                ],
+                guards=[require_launch_secret],
+            ),
             HealthController, MetricsController,
         ],
         state=State({"serving": serving}),

@@ -31,6 +31,7 @@ class ServingState:
     engine: Engine | None = None
     model: ServedModel | None = None
     created: int = 0
+    launch_secret: str | None = None  # required on /v1 routes (api/launch_secret.py); None: open
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set_ready(self, engine: Engine, model: ServedModel) -> None:

@@ -16,11 +16,13 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import uvicorn
 
 from contract.exit_codes import RankExit
+from contract.launch_secret import LaunchSecretError, read_secret_file
 from contract.openai_errors import ENGINE_ERROR
 from contract.rank_env import FORCED_OUTPUT
 from contract.settings import RankSettings
@@ -57,6 +59,7 @@ class Rank0:
         group: mx.distributed.Group,
         faults: FaultPlan,
         peer_watch: PeerWatch,
+        launch_secret: str | None = None,
     ) -> None:
         self.settings = settings
         self.peer_watch = peer_watch
@@ -64,7 +67,7 @@ class Rank0:
         self.faults = faults
         self.state = ServingState(
             settings, settings.model.served_id, group.size(), ServingMetrics(),
-            created=int(time.time()),
+            created=int(time.time()), launch_secret=launch_secret,
         )
         self.exit_code: int = RankExit.OK
         self.stop_requested = threading.Event()
@@ -159,6 +162,12 @@ def run_rank0(
     here, before the event loop starts; /health answers (503) from then on, through
     model loading, until the engine is ready.
     """
+    try:  # the secret's value is never logged, only where it failed to come from
+        secret = None if settings.api_secret_file is None else read_secret_file(
+            Path(settings.api_secret_file))
+    except LaunchSecretError as exc:
+        log.error("%s", exc)
+        return RankExit.CONFIG_ERROR
     try:
         sock = bind(settings.api_host, settings.serving.rank_api_port)
     except OSError as exc:
@@ -168,6 +177,6 @@ def run_rank0(
         group = join_group(env)
     except Exception as exc:
         return exit_for(exc)
-    rank0 = Rank0(settings, group, faults, peer_watch)
+    rank0 = Rank0(settings, group, faults, peer_watch, secret)
     asyncio.run(rank0.serve(sock))
     return rank0.exit_code

@@ -18,6 +18,7 @@ import uvicorn
 from aiohttp import web
 from litestar.testing import AsyncTestClient
 
+from contract import launch_secret
 from orchestrator.gateway import app as gateway_app
 from orchestrator.status.model import ClusterStatus
 from orchestrator.supervision.metrics import OrchestratorMetrics
@@ -56,7 +57,8 @@ class FakeView:
             if ended or time.monotonic() > deadline:
                 return None
             await asyncio.sleep(0.01)
-        return Upstream(f"{self.base_url}/rank0-{self.launch}", self.launch)
+        return Upstream(f"{self.base_url}/rank0-{self.launch}", self.launch,
+                        secret=f"secret-{self.launch}")
 
 
 class Chunks(httpx.AsyncByteStream):
@@ -217,6 +219,30 @@ async def test_rank_0_gets_the_request_as_sent_but_not_the_api_key(
     assert request.headers["content-type"] == "application/json"
     assert "content-type" not in plain.headers  # the proxy adds none of its own
     assert view.wakes == 2  # each request first woke the idle workers
+
+
+async def test_rank_0_gets_its_launch_secret_from_the_gateway_never_a_clients(
+    gateway: Callable[..., Any],
+) -> None:
+    """Every request to rank 0 carries the secret of the launch it goes to; one a client
+    sends is dropped (the gateway's replaces it), so none reaches rank 0 around the key."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return ok(request)
+
+    view = FakeView()
+    client, _ = gateway(view, handler)
+    async with client:
+        await client.get("/v1/models")
+        await client.post("/v1/completions", json=BODY,
+                          headers={launch_secret.HEADER: "from-a-client"})
+        view.to(GangState.READY, launch="l2")
+        await client.post("/v1/chat/completions", json=BODY)
+    assert [r.headers.get_list(launch_secret.HEADER) for r in seen] == [
+        ["secret-l1"], ["secret-l1"], ["secret-l2"]
+    ]
 
 
 async def test_a_request_held_during_a_restart_goes_to_the_next_gang(

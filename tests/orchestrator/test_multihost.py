@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -13,8 +15,15 @@ import pytest
 import tomli_w
 
 from testkit.netns import HostsFactory, MultiHost
-from testkit.orchestrator_process import Orchestrator, run_cli, running, write_cluster
+from testkit.orchestrator_process import (
+    Orchestrator,
+    rank0_headers,
+    run_cli,
+    running,
+    write_cluster,
+)
 from testkit.rank_cluster import rank_cluster
+from testkit.waiting import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -72,10 +81,66 @@ def blas_line(output: str, node: str) -> str:
     return next((line for line in lines if f"[{node} r" in line and "BLAS:" in line), "")
 
 
-def serve_and_compare(net: MultiHost, config: Path, reference: list[str]) -> None:
+# Sent from another host straight to rank 0, around the gateway: prints each answer's
+# status and error code as JSON (stdlib only: no import time to wait for).
+STRANGER = """
+import json, sys, urllib.request, urllib.error
+base, name, secret = sys.argv[1:4]
+chat = json.dumps({"model": "smollm2-135m-instruct", "max_tokens": 8,
+                   "messages": [{"role": "user", "content": "Hi"}]}).encode()
+answers = []
+for header in (None, "wrong-" + secret[6:], secret):
+    for path, body in (("/v1/models", None), ("/v1/chat/completions", chat)):
+        if header == secret and body is not None:
+            continue  # the right secret is shown on /v1/models only: nothing generated
+        request = urllib.request.Request(base + path, data=body)
+        request.add_header("Content-Type", "application/json")
+        if header is not None:
+            request.add_header(name, header)
+        try:
+            with urllib.request.urlopen(request, timeout=20) as reply:
+                answers.append([path, reply.status, None])
+        except urllib.error.HTTPError as exc:
+            answers.append([path, exc.code, json.loads(exc.read())["error"]["code"]])
+print(json.dumps(answers))
+"""
+
+
+def generated(rank0: str) -> tuple[float, ...]:
+    """Rank 0's own counters of work done (its /metrics is open, as the gateway's)."""
+    names = ("serving_prompt_tokens_total", "serving_generation_tokens_total",
+             "serving_requests_finished_total")
+    return tuple(metric_value(rank0, name) for name in names)
+
+
+def rank0_refuses_another_host(net: MultiHost, config: Path) -> None:
+    """From h1, rank 0 on h0 answers /v1 only with the launch's secret: none or a wrong
+    one is a 401 and generates nothing; the gateway's requests still succeed."""
+    port = tomllib.loads(config.read_text())["serving"]["rank_api_port"]
+    rank0 = f"http://{net.hosts[0].mgmt_ip}:{port}"
+    before = generated(rank0)
+    assert before[0] > 0  # the gateway's requests counted: the counters are real
+    ((name, secret),) = rank0_headers(config).items()
+    run = net.hosts[1].run([sys.executable, "-c", STRANGER, rank0, name, secret])
+    assert run.returncode == 0, run.stderr
+    refused = 401, "invalid_api_key"
+    assert json.loads(run.stdout) == [
+        ["/v1/models", *refused], ["/v1/chat/completions", *refused],
+        ["/v1/models", *refused], ["/v1/chat/completions", *refused],
+        ["/v1/models", 200, None],
+    ]
+    assert generated(rank0) == before
+    assert complete(api_url(config), "smollm2-135m-instruct", PROMPTS[0])
+
+
+def serve_and_compare(
+    net: MultiHost, config: Path, reference: list[str], also: Callable[[], None] = lambda: None
+) -> None:
+    """`also`: more checks while the cluster serves."""
     url = api_url(config)
     with running(config, url=url) as orchestrator:
         assert [complete(url, "smollm2-135m-instruct", p) for p in PROMPTS] == reference
+        also()
         status = json.loads(run_cli("status", str(config), "--json").stdout)
         assert [(n["name"], n["connected"]) for n in status["nodes"]] == [
             (host.name, True) for host in net.hosts
@@ -93,10 +158,11 @@ def serve_and_compare(net: MultiHost, config: Path, reference: list[str]) -> Non
 def test_three_hosts_on_a_switch_serve_like_one_rank(
     netns_hosts: HostsFactory, tmp_path: Path, one_rank_text: list[str]
 ) -> None:
-    """3 SSH nodes, one subnet: greedy output equals 1 rank; status shows them; down cleans."""
+    """3 SSH nodes, one subnet: greedy output equals 1 rank; rank 0 refuses requests from
+    another host that lack the launch's secret; status shows them; down cleans."""
     net = netns_hosts(3, "switch")
     config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(3)], **NO_STANDBY)
-    serve_and_compare(net, config, one_rank_text)
+    serve_and_compare(net, config, one_rank_text, lambda: rank0_refuses_another_host(net, config))
 
 
 def test_three_hosts_cabled_in_a_ring_serve_like_one_rank(

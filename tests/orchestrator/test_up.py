@@ -22,6 +22,7 @@ from orchestrator.state_file import ClusterState, RankRecord, read_state, write_
 from testkit.orchestrator_process import (
     Orchestrator,
     launch_processes,
+    rank0_headers,
     run_cli,
     running,
     wait_gone,
@@ -333,16 +334,20 @@ def test_a_request_through_the_gateway_wakes_idle_workers(
     direct = f"http://127.0.0.1:{tomllib.loads(config.read_text())['serving']['rank_api_port']}"
     body = {"model": tiny_model_dir.name, "prompt": "Hello", "max_tokens": 1}
 
-    def after_idle(base: str) -> float:
-        httpx.post(f"{base}/v1/completions", json=body, timeout=60).raise_for_status()
+    def after_idle(base: str, headers: dict[str, str]) -> float:
+        def send() -> None:
+            reply = httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=60)
+            reply.raise_for_status()
+
+        send()
         time.sleep(2.5)  # keepalive at 2.0 s, then the workers sleep until 3.8 s
         started = time.monotonic()
-        httpx.post(f"{base}/v1/completions", json=body, timeout=60).raise_for_status()
+        send()
         return time.monotonic() - started
 
     with running(config, url=url):
-        slept = [after_idle(direct) for _ in range(2)]
-        woken = [after_idle(url) for _ in range(3)]
+        slept = [after_idle(direct, rank0_headers(config)) for _ in range(2)]
+        woken = [after_idle(url, {}) for _ in range(3)]
     assert min(slept) > 0.8, slept  # the sleep is real: the test can tell
     assert max(woken) < 0.5, woken
 
