@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     models_help = "the models at this machine and the cluster's own"
     for sub in (command("pull", pull_help, _pull), command("models", models_help, _models, True)):
         sub.add_argument("--json", action="store_true", help="machine-readable, no progress")
+    from orchestrator.service.command import add_service_command  # light: no serving stack
+
+    add_service_command(commands)
     return parser
 
 

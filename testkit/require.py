@@ -22,6 +22,8 @@ SYSTEM_PYTHON = "ORCHESTRATOR_TESTS_REQUIRE_SYSTEM_PYTHON"
 BUNDLED_MODEL = "ORCHESTRATOR_TESTS_REQUIRE_BUNDLED_MODEL"
 # The package index (pypi.org or PIP_INDEX_URL): bootstrap's wheel plans ask it.
 PACKAGE_INDEX = "ORCHESTRATOR_TESTS_REQUIRE_PACKAGE_INDEX"
+# systemd-analyze, which checks the units `orchestrator service install` writes.
+SYSTEMD = "ORCHESTRATOR_TESTS_REQUIRE_SYSTEMD"
 
 
 def missing(reason: str, env: str) -> NoReturn:

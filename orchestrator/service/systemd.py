@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.service.spec import ServiceSpec
+from orchestrator.service.spec import ServiceError, ServiceSpec
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,9 @@ def render_unit(service: ServiceSpec, target: SystemdTarget) -> str:
         "",
         "[Service]",
         "Type=simple",
-        "ExecStart=" + " ".join(quote_arg(arg) for arg in service.argv),
+        "ExecStart=" + " ".join(
+            [quote_executable(service.argv[0]), *(quote_arg(arg) for arg in service.argv[1:])]
+        ),
         "WorkingDirectory=" + escape_path(service.working_dir),
         *(f"Environment={quote_env(k, v)}" for k, v in public.items()),
         *([f"EnvironmentFile={escape_path(target.env_path(service))}"]
@@ -85,6 +87,18 @@ def render_env_file(service: ServiceSpec) -> str:
         value = _escape(service.environment[name], "\\", '"', "$", "`")
         lines.append(f'{name}="{value}"\n')
     return "".join(lines)
+
+
+def quote_executable(path: str) -> str:
+    """ExecStart='s first word: no $ expansion there, and systemd refuses quotes and
+    backslashes in it (systemd-analyze verify: "Executable name contains special
+    characters")."""
+    if any(char in path for char in "\"'\\") or not path.isprintable():
+        raise ServiceError(
+            f"systemd cannot run an interpreter whose path holds a quote, a backslash or a "
+            f"control character: {path!r}; make the venv under a plainer path"
+        )
+    return '"' + path.replace("%", "%%") + '"'
 
 
 def quote_arg(arg: str) -> str:

@@ -1,0 +1,115 @@
+"""The two service managers behind one interface: which files, which commands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from orchestrator.service import launchd, systemd
+from orchestrator.service.spec import ServiceSpec
+
+PlatformName = Literal["launchd", "systemd"]
+
+
+@dataclass(frozen=True)
+class ServiceFile:
+    path: Path
+    content: bytes
+    mode: int
+    shown: bytes  # what --dry-run prints: secrets masked
+
+
+class Platform(Protocol):
+    @property
+    def name(self) -> PlatformName: ...
+
+    def log_file(self, cluster: str) -> Path: ...
+    def files(self, service: ServiceSpec) -> list[ServiceFile]: ...
+    def start(self, service: ServiceSpec) -> list[list[str]]: ...
+    def stop(self, service: ServiceSpec) -> list[list[str]]: ...
+    def state(self, service: ServiceSpec) -> list[str]: ...
+    def running(self, state_output: str) -> bool: ...
+    def notes(self, service: ServiceSpec) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class Launchd:
+    home: Path
+    name: PlatformName = "launchd"
+
+    def log_file(self, cluster: str) -> Path:
+        return launchd.log_file(self.home, cluster)
+
+    def files(self, service: ServiceSpec) -> list[ServiceFile]:
+        mode = 0o600 if service.secret_names else 0o644
+        return [ServiceFile(launchd.plist_path(self.home, service), launchd.render_plist(service),
+                            mode, launchd.render_plist(service, masked=True))]
+
+    def start(self, service: ServiceSpec) -> list[list[str]]:
+        return [launchd.bootstrap(launchd.plist_path(self.home, service))]
+
+    def stop(self, service: ServiceSpec) -> list[list[str]]:
+        return [launchd.bootout(service)]
+
+    def state(self, service: ServiceSpec) -> list[str]:
+        return launchd.print_job(service)
+
+    def running(self, state_output: str) -> bool:
+        return any(line.strip() == "state = running" for line in state_output.splitlines())
+
+    def notes(self, service: ServiceSpec) -> list[str]:
+        path = launchd.plist_path(self.home, service)
+        return [
+            "a launchd agent starts when you log in: for a Mac that must serve after a reboot "
+            "without anyone logging in, turn on automatic login (docs/mac-setup.md)",
+            f"check it: plutil -lint '{path}'; launchctl print {launchd.domain()}/{service.label}",
+        ]
+
+
+@dataclass(frozen=True)
+class Systemd:
+    target: systemd.SystemdTarget
+    name: PlatformName = "systemd"
+
+    def log_file(self, cluster: str) -> Path:
+        return systemd.log_file(self.target.env_dir, cluster)
+
+    def files(self, service: ServiceSpec) -> list[ServiceFile]:
+        unit = systemd.render_unit(service, self.target).encode()
+        files = [ServiceFile(self.target.unit_path(service), unit, 0o644, unit)]
+        if service.secret_names:
+            env = systemd.render_env_file(service).encode()
+            shown = b"".join(f'{name}="***"\n'.encode() for name in sorted(service.secret_names))
+            files.append(ServiceFile(self.target.env_path(service), env, 0o600, shown))
+        return files
+
+    def start(self, service: ServiceSpec) -> list[list[str]]:
+        unit = f"{service.label}.service"
+        # restart, not start: a reinstall runs the new unit
+        return [self.target.systemctl("daemon-reload"), self.target.systemctl("enable", unit),
+                self.target.systemctl("restart", unit)]
+
+    def stop(self, service: ServiceSpec) -> list[list[str]]:
+        return [self.target.systemctl("disable", "--now", f"{service.label}.service")]
+
+    def state(self, service: ServiceSpec) -> list[str]:
+        return self.target.systemctl("is-active", f"{service.label}.service")
+
+    def running(self, state_output: str) -> bool:
+        return state_output.strip() == "active"
+
+    def notes(self, service: ServiceSpec) -> list[str]:
+        unit = f"{service.label}.service"
+        notes = [f"check it: systemd-analyze verify '{self.target.unit_path(service)}'; "
+                 f"{' '.join(self.target.systemctl('status', unit))}"]
+        if not self.target.system:
+            notes.insert(0, "a user unit starts at boot only if you linger: "
+                            "loginctl enable-linger $USER")
+        return notes
+
+
+def platform_for(name: PlatformName, home: Path, state_dir: Path) -> Platform:
+    if name == "launchd":
+        return Launchd(home)
+    return Systemd(systemd.systemd_target(state_dir, home))
