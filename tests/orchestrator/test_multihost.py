@@ -14,6 +14,7 @@ import openai
 import pytest
 import tomli_w
 
+from orchestrator.launch import launch_secret
 from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import (
     Orchestrator,
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 BUNDLED = "bundled:smollm2-135m-instruct"
 PROMPTS = ["The capital of France is"]
 # Standby ranks would start (and import MLX) while the test talks to the cluster: off.
+RUNS = ".cache/mlx-cluster-orchestrator/runs/test"  # rank directories, under the node's home
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
 
 
@@ -113,9 +115,10 @@ def generated(rank0: str) -> tuple[float, ...]:
     return tuple(metric_value(rank0, name) for name in names)
 
 
-def rank0_refuses_another_host(net: MultiHost, config: Path) -> None:
+def rank0_refuses_another_host(net: MultiHost, config: Path, orchestrator: Orchestrator) -> None:
     """From h1, rank 0 on h0 answers /v1 only with the launch's secret: none or a wrong
-    one is a 401 and generates nothing; the gateway's requests still succeed."""
+    one is a 401 and generates nothing; the gateway's requests still succeed. The secret
+    reached rank 0 as an owner-only file, and no log line carries it."""
     port = tomllib.loads(config.read_text())["serving"]["rank_api_port"]
     rank0 = f"http://{net.hosts[0].mgmt_ip}:{port}"
     before = generated(rank0)
@@ -131,16 +134,27 @@ def rank0_refuses_another_host(net: MultiHost, config: Path) -> None:
     ]
     assert generated(rank0) == before
     assert complete(api_url(config), "smollm2-135m-instruct", PROMPTS[0])
+    kept = launch_secret.load(Path(tomllib.loads(config.read_text())["cluster"]["state_dir"]),
+                              "test")
+    assert kept is not None
+    delivered = net.hosts[0].path(Path.home() / RUNS / kept.launch_id / "rank0" / "launch_secret")
+    assert delivered.read_text() == secret and delivered.stat().st_mode & 0o777 == 0o600
+    assert secret not in orchestrator.text
 
 
 def serve_and_compare(
-    net: MultiHost, config: Path, reference: list[str], also: Callable[[], None] = lambda: None
+    net: MultiHost,
+    config: Path,
+    reference: list[str],
+    also: Callable[[Orchestrator], None] = lambda _: None,
 ) -> None:
     """`also`: more checks while the cluster serves."""
     url = api_url(config)
     with running(config, url=url) as orchestrator:
         assert [complete(url, "smollm2-135m-instruct", p) for p in PROMPTS] == reference
-        also()
+        _t0 = time.monotonic()
+        also(orchestrator)
+        print(f"TIMING also: {time.monotonic() - _t0:.2f} s")
         status = json.loads(run_cli("status", str(config), "--json").stdout)
         assert [(n["name"], n["connected"]) for n in status["nodes"]] == [
             (host.name, True) for host in net.hosts
@@ -162,7 +176,9 @@ def test_three_hosts_on_a_switch_serve_like_one_rank(
     another host that lack the launch's secret; status shows them; down cleans."""
     net = netns_hosts(3, "switch")
     config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(3)], **NO_STANDBY)
-    serve_and_compare(net, config, one_rank_text, lambda: rank0_refuses_another_host(net, config))
+    serve_and_compare(
+        net, config, one_rank_text, lambda up: rank0_refuses_another_host(net, config, up)
+    )
 
 
 def test_three_hosts_cabled_in_a_ring_serve_like_one_rank(
