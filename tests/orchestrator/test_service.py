@@ -70,11 +70,17 @@ def test_the_unit_is_the_recorded_example() -> None:
     assert systemd.render_unit(linux, target) == (FIXTURES / "studio-pair.service").read_text()
 
 
-def verify(unit: Path) -> subprocess.CompletedProcess[str]:
+def verify(unit: Path, user: bool = False) -> subprocess.CompletedProcess[str]:
+    """systemd-analyze verify, as the system's manager or (user) a user's would load it."""
     if shutil.which("systemd-analyze") is None:
         missing("no systemd-analyze: apt-get install systemd", SYSTEMD)
-    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
-                          text=True, timeout=60, check=False)
+    env = dict(os.environ)
+    if user:  # a user manager needs its runtime directory, which no login made here
+        runtime = unit.parent / "runtime"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+    argv = ["systemd-analyze", *(["--user"] if user else []), "verify", str(unit)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
 
 
 @pytest.mark.parametrize("system", [False, True], ids=["user", "system"])
@@ -91,7 +97,7 @@ def test_systemd_analyze_verifies_the_unit_with_awkward_paths(tmp_path: Path, sy
     service = ServiceSpec(**{**service.__dict__, "argv": (str(python), *service.argv[1:])})
     platform = Systemd(systemd.SystemdTarget(system, tmp_path / "units", odd / "state"))
     assert install(platform, service, dry_run=False, runner=Recorder()) == 0
-    result = verify(platform.target.unit_path(service))
+    result = verify(platform.target.unit_path(service), user=not system)
     assert result.returncode == 0, result.stdout + result.stderr
     unit = platform.target.unit_path(service).read_text()
     assert KEY not in unit and "EnvironmentFile=" in unit
