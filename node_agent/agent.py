@@ -236,7 +236,8 @@ class Agent:
         except OSError as exc:  # Listen on an address this node cannot bind
             await self._error(req.id, protocol.BIND_FAILED, f"{exc.strerror or exc}")
         except Exception as exc:
-            log.exception("request %r failed", req)
+            # Not the request itself: a spawn's files hold rank 0's launch secret.
+            log.exception("request %s (id %s) failed", type(req).__name__, req.id)
             await self._error(req.id, protocol.INTERNAL, f"{type(exc).__name__}: {exc}")
         else:
             await self.emit(reply)

@@ -121,10 +121,14 @@ def rank0_refuses_another_host(net: MultiHost, config: Path, orchestrator: Orche
     reached rank 0 as an owner-only file, and no log line carries it."""
     port = tomllib.loads(config.read_text())["serving"]["rank_api_port"]
     rank0 = f"http://{net.hosts[0].mgmt_ip}:{port}"
+    _t = time.monotonic()
     before = generated(rank0)
+    print(f"TIMING metrics {time.monotonic() - _t:.2f}")
     assert before[0] > 0  # the gateway's requests counted: the counters are real
     ((name, secret),) = rank0_headers(config).items()
+    _t = time.monotonic()
     run = net.hosts[1].run([sys.executable, "-c", STRANGER, rank0, name, secret])
+    print(f"TIMING stranger {time.monotonic() - _t:.2f}")
     assert run.returncode == 0, run.stderr
     refused = 401, "invalid_api_key"
     assert json.loads(run.stdout) == [
@@ -132,8 +136,12 @@ def rank0_refuses_another_host(net: MultiHost, config: Path, orchestrator: Orche
         ["/v1/models", *refused], ["/v1/chat/completions", *refused],
         ["/v1/models", 200, None],
     ]
+    _t = time.monotonic()
     assert generated(rank0) == before
+    print(f"TIMING metrics2 {time.monotonic() - _t:.2f}")
+    _t = time.monotonic()
     assert complete(api_url(config), "smollm2-135m-instruct", PROMPTS[0])
+    print(f"TIMING complete {time.monotonic() - _t:.2f}")
     kept = launch_secret.load(Path(tomllib.loads(config.read_text())["cluster"]["state_dir"]),
                               "test")
     assert kept is not None
