@@ -105,6 +105,12 @@ BROKEN = [
     ("no nodes", "[cluster]\nname = 'x'\n", "nodes", "missing required key"),
     ("unknown top-level key", LOCAL_NODE + "[sevring]\n", "sevring", "unknown key"),
     ("unknown node key", LOCAL_NODE + "adress = '1.2.3.4'\n", "nodes[0].adress", "unknown key"),
+    (
+        "kv_bits: mlx-lm's batch generator has none",
+        LOCAL_NODE + "[serving]\nkv_bits = 8\n",
+        "serving.kv_bits",
+        "not supported: mlx-lm 0.32's BatchGenerator",
+    ),
     ("bad backend", LOCAL_NODE + "[cluster]\nbackend = 'mpi'\n", "cluster.backend", "'mpi'"),
     (
         "bad transport",
@@ -463,3 +469,14 @@ def test_hub_model_validates_and_is_served_by_its_name(tmp_path: Path) -> None:
     spec, warnings = check_cluster_file(write(tmp_path, text))
     assert spec.model.served_id == "Qwen3-30B-A3B-4bit"
     assert spec.model.store == "~/m" and not warnings
+
+
+def test_kv_bits_refusal_still_true_of_the_installed_mlx_lm() -> None:
+    """The kv_bits refusal's reason holds: revisit [serving] kv_bits when mlx-lm adds it."""
+    import inspect
+
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import BatchKVCache
+
+    assert "kv_bits" not in inspect.signature(BatchGenerator.__init__).parameters
+    assert not hasattr(BatchKVCache, "to_quantized")
