@@ -34,13 +34,17 @@ class Fit:
         if self.mode == "refused":
             shown = f"refused: {self.why}"
         else:
-            shown = f"{self.mode}, " + " + ".join(f"{b / GB:.1f}" for b in self.weight_bytes)
+            shown = f"{self.mode}, " + " + ".join(_gb(b) for b in self.weight_bytes)
             shown += " GB"
         if self.max_context:
             shown += f", context ≤ {self.max_context}"
         if self.assumed:
             shown += f" ({', '.join(self.assumed)}: not probed, memory_gb)"
         return shown
+
+
+def _gb(value: int) -> str:
+    return f"{value / GB:.2f}" if value < 10 * GB else f"{value / GB:.0f}"
 
 
 def fit(
