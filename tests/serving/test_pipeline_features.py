@@ -48,9 +48,12 @@ DESYNC_STEP = 60  # after the tool call's steps (about 30), so that test runs fi
 def pipeline(
     tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path
 ) -> Iterator[RankCluster]:
+    """SmolLM2 at 2 pipeline ranks; no rank may desync or exit while the tests run."""
     with rank_cluster(tmp_path_factory.mktemp("pipeline"), bundled_model_dir, 2,
                       served_model_id="m", pipeline_split=SPLIT,
                       prefill_step_size=CHUNK) as cluster:
+        for rank, layers in enumerate(["[15, 30) 0/2", "[0, 15) 1/2"]):
+            assert f"pipeline stage with layers {layers}" in cluster.log_text(rank)
         yield cluster
         for rank in range(2):
             assert "DESYNC" not in cluster.log_text(rank)
