@@ -1,6 +1,7 @@
 """`orchestrator sync`: the model directory from one source to every node, content-verified.
 
     source: this machine (or --from NODE) ─▶ Manifest (every file's size + SHA-256, cached)
+    pipeline placement: each node's manifest is only the files its rank loads (subsets.py)
     every other node at once:
         ModelPrepare ─▶ current? ── yes ─▶ done
                         │ no: right files linked into <path>.partial-sync, free space checked
