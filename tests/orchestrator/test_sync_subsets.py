@@ -5,7 +5,7 @@ from __future__ import annotations
 from contract.model_manifest import Manifest, ManifestFile
 from contract.model_shards import WeightShard
 from contract.placement import Placement, RankShare
-from orchestrator.provision.sync.subsets import _split
+from orchestrator.provision.sync.subsets import split_subsets
 
 SHARDS = [
     WeightShard(path="s0.safetensors", layers=[], shared=True),
@@ -26,7 +26,7 @@ def test_each_node_gets_its_layers_shards_and_the_shared_files() -> None:
     """a (layers 2-3): s2; b (layers 0-1): s1; both: s0, config, index."""
     whole = manifest("config.json", "model.safetensors.index.json", "s0.safetensors",
                      "s1.safetensors", "s2.safetensors")
-    subsets = _split(PLACEMENT, whole, SHARDS)
+    subsets = split_subsets(PLACEMENT, whole, SHARDS)
     paths = {node: [f.path for f in m.files] for node, m in subsets.manifests.items()}
     common = ["config.json", "model.safetensors.index.json", "s0.safetensors"]
     assert paths == {"a": [*common, "s2.safetensors"], "b": [*common, "s1.safetensors"]}
@@ -38,4 +38,4 @@ def test_a_source_holding_one_stage_only_is_named_for_the_other() -> None:
     """A source that is itself a pipeline node lacks the other stage's shard."""
     partial = manifest("config.json", "model.safetensors.index.json", "s0.safetensors",
                        "s2.safetensors")
-    assert _split(PLACEMENT, partial, SHARDS).missing == {"b": ["s1.safetensors"]}
+    assert split_subsets(PLACEMENT, partial, SHARDS).missing == {"b": ["s1.safetensors"]}

@@ -77,7 +77,7 @@ async def node_subsets(
     placement = await _place(spec, pool, model)
     if placement is None:
         return Subsets()
-    return _split(placement, manifest, shards)
+    return split_subsets(placement, manifest, shards)
 
 
 async def _place(spec: ClusterSpec, pool: NodePool, model: ModelInfo) -> Placement | None:
@@ -107,7 +107,7 @@ async def _place(spec: ClusterSpec, pool: NodePool, model: ModelInfo) -> Placeme
     return decided if isinstance(decided, Placement) and decided.mode == "pipeline" else None
 
 
-def _split(placement: Placement, manifest: Manifest, shards: list[WeightShard]) -> Subsets:
+def split_subsets(placement: Placement, manifest: Manifest, shards: list[WeightShard]) -> Subsets:
     have = {f.path for f in manifest.files}
     every = sorted(have | {shard.path for shard in shards})
     subsets = Subsets(placement=placement)
