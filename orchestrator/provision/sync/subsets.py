@@ -67,6 +67,8 @@ async def node_subsets(
     except (OSError, ValueError, ShardIndexError) as exc:
         log.warning("sending every node the whole model: cannot read the index: %s", exc)
         return Subsets()
+    if sum(1 for shard in shards if not shard.shared) < 2:
+        return Subsets()  # every stage would need every shard: no placement to ask for
     weights = index_total_size(index) or sum(
         size for path, size in sizes.items() if path.endswith(".safetensors")
     )
