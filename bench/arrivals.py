@@ -10,7 +10,13 @@ stream's decode rate. Per rank count and level: TTFT p50 of both servers and the
 ours / mlx_lm.server (target <= 1.1), and 1-stream tokens/s (target ratio >= 1.0).
 Figures go to bench/results/arrivals-<timestamp>.json.
 
-    .venv/bin/python bench/arrivals.py [--ranks 1 2] [--levels 1 4 8] [--repeats 3]
+    .venv/bin/python bench/arrivals.py [--ranks 1] [--levels 1 4 8] [--repeats 3]
+    .venv/bin/python bench/arrivals.py --ranks 2 --model medium
+
+The bundled SmolLM2 (9 heads, 3 KV heads) cannot be split over 2 ranks by mlx_lm.server
+(tensor only: mlx-lm's Llama has no pipeline), so `--model medium` writes a random-weight
+Llama of its shape with 8 heads / 4 KV heads (testkit.tiny_model; float32), which both
+servers split over 2 ranks alike.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from contract.settings import ModelSettings, RankSettings  # noqa: E402
 from orchestrator.loadgen.streams import StreamTimes, chat_body, stream_chat  # noqa: E402
 from serving.model.loading import resolve  # noqa: E402
 from testkit.rank_cluster import rank_cluster  # noqa: E402
+from testkit.tiny_model import write_tiny_model  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
 SERVERS = ("ours", "mlx_lm.server")
@@ -132,8 +139,9 @@ def print_summary(rows: list[dict[str, object]], levels: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="bundled:smollm2-135m-instruct")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--model", default="bundled:smollm2-135m-instruct",
+                        help="a model spec or directory, or medium (above)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1])
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bursts", type=int, default=3, help="bursts per level and repeat")
@@ -141,8 +149,11 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/arrivals-bench"))
     args = parser.parse_args()
-    model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
-                        float32=find_openblas() is not None)  # as the ranks serve it
+    if args.model == "medium":  # SmolLM2's shape with heads that split over 2 ranks
+        model_dir = write_tiny_model(args.workdir / "medium", num_layers=30, hidden_size=576)
+    else:
+        model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
+                            float32=find_openblas() is not None)  # as the ranks serve it
     figures: list[Figures] = []
     rows = []
     for ranks in args.ranks:
