@@ -242,9 +242,7 @@ class Engine:
         self._broadcast_payload(planned.payload)
         self._apply(planned)
         self._fingerprint = self._batch.fingerprint(perturb=self._faults.desync_at(step_id))
-        if self._channel is None:  # alone, nobody needs the plan early: admit just in time
-            self._planned = None
-        elif self._busy_after_this_step():
+        if self._busy_after_this_step():
             self._planned = self._plan(self._admit())
         else:
             self._planned = None
