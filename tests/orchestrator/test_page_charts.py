@@ -29,6 +29,9 @@ ENV = {"CHARTS_TEST_KEY": KEY}
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 PHONE = {"width": 375, "height": 812}
 SSE_WATCH_S = 6.0  # the rate's bound only; the figure itself: the bench's job
+# Tokens per stream of a load round: a round spans several 3 s samples at 3 oversubscribed
+# ranks, and ending the load waits for the round under way (48 tokens: over a minute).
+ROUND_TOKENS = 12
 
 
 @pytest.fixture
@@ -45,7 +48,8 @@ def load(url: str) -> Iterator[list[int]]:
 
     def rounds() -> None:
         while not stop.is_set():
-            bodies = [chat_body("smollm2-135m-instruct", f"[{counts[0]}-{i}] Tell a story.", 48)
+            bodies = [chat_body("smollm2-135m-instruct", f"[{counts[0]}-{i}] Tell a story.",
+                                ROUND_TOKENS)
                       for i in range(3)]
             times, _wall = concurrent_streams(url, bodies, headers=HEADERS, timeout_s=300)
             counts[0] += 1
