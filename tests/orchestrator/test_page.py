@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,9 +88,9 @@ def keep_screenshots(shots: Path, name: str) -> None:
     shutil.copytree(shots, artifacts / name, dirs_exist_ok=True)
 
 
-def open_page(browser: object, url: str, viewport: dict[str, int]) -> object:
+def open_page(browser: Any, url: str, viewport: dict[str, int]) -> Any:
     """The page at `viewport`, given the key it asks for (/status wants it), READY."""
-    page = browser.new_page(viewport=viewport)  # type: ignore[attr-defined]
+    page = browser.new_page(viewport=viewport)
     page.goto(f"{url}/")
     page.fill("#key", KEY)
     page.click("#key-form button")
@@ -113,7 +114,7 @@ def test_the_page_shows_the_cluster_chats_and_follows_a_restart(
         page.screenshot(path=str(shots / "ready.png"), full_page=True)
 
         prompt = "What is the capital of France?"
-        with page.expect_response(  # type: ignore[attr-defined]
+        with page.expect_response(
             lambda r: r.url.endswith("/v1/chat/completions"), timeout=120_000
         ) as replied:
             page.fill("#prompt", prompt)
