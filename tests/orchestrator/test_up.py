@@ -342,8 +342,9 @@ def test_a_request_through_the_gateway_wakes_idle_workers(
         return time.monotonic() - started
 
     with running(config, url=url):
-        slept = [after_idle(direct) for _ in range(2)]
-        woken = [after_idle(url) for _ in range(3)]
+        # Each try costs a keepalive and a sleep (~3.5 s); the sleep's end is deterministic.
+        slept = [after_idle(direct)]
+        woken = [after_idle(url) for _ in range(2)]
     assert min(slept) > 0.8, slept  # the sleep is real: the test can tell
     assert max(woken) < 0.5, woken
 
