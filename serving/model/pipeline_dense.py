@@ -21,6 +21,11 @@ class DenseStage(PipelineMixin):
     """The pipelined forward, mixed into a model's inner module (which owns
     `embed_tokens`, `layers` and `norm`) ahead of that module's own __call__."""
 
+    # The inner module's, declared for the type checker only.
+    embed_tokens: Any
+    norm: Any
+    sliding_window: int | None
+
     def _init_stage(self) -> None:
         # nn.Module's __init__ does not chain to the mixin's: its defaults, set here.
         self.pipeline_rank, self.pipeline_size = 0, 1
