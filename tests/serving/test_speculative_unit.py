@@ -1,0 +1,103 @@
+"""Speculative decoding's pure parts: the n-gram proposer, the greedy accept rule, which
+requests speculate, the accepted count a worker checks, the settings (no model)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ConfigErrors, check_cluster_file
+from serving.engine import draft_lookup
+from serving.engine.speculative import Speculator, accepted_count, wants_speculation
+from serving.engine.step_plan import PlanKind, SamplingParams, StepPlan
+from serving.faults import Fault, parse_faults
+from serving.metrics import ServingMetrics
+from serving.rank.worker import Desync, check_plan
+
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_tokens=16, seed=1)
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_match() -> None:
+    """The longest recurring suffix wins; its latest earlier occurrence is the one used;
+    at most k tokens; nothing when the last token never occurred before."""
+    assert draft_lookup.propose([1, 2, 3, 4, 1, 2, 3], 3) == [4, 1, 2]
+    assert draft_lookup.propose([1, 2, 3, 4, 1, 2, 3], 1) == [4]
+    # Suffix [2, 3] occurs at 1 and 4: the later one's continuation.
+    assert draft_lookup.propose([1, 2, 3, 9, 2, 3, 5, 2, 3], 2) == [5, 2]
+    # The 3-gram [8, 2, 3] matches earlier than the 2-gram's latest occurrence: it wins.
+    assert draft_lookup.propose([8, 2, 3, 7, 6, 2, 3, 5, 8, 2, 3], 1) == [7]
+    assert draft_lookup.propose([5, 6, 7], 2) == []
+    assert draft_lookup.propose([4], 2) == []
+    assert draft_lookup.propose([1, 2, 1, 2], 0) == []
+    # A run of one token drafts more of it, as far as the text so far reaches.
+    assert draft_lookup.propose([1, 1, 1, 1], 3) == [1]
+
+
+def test_greedy_accept_rule_keeps_the_drafts_the_model_would_have_chosen() -> None:
+    """targets[i] is the model's argmax after the pending token and drafts[:i]."""
+    assert accepted_count([5, 6, 7], [5, 6, 7, 8]) == 3
+    assert accepted_count([5, 6, 7], [5, 9, 7, 8]) == 1  # a miss ends it, later ones too
+    assert accepted_count([5, 6, 7], [4, 6, 7, 8]) == 0
+    assert accepted_count([], [4]) == 0
+
+
+def test_only_plain_greedy_requests_speculate() -> None:
+    """Sampled requests and any logits processor take normal steps (documented)."""
+    assert wants_speculation(GREEDY)
+    for changed in (
+        {"temperature": 0.7}, {"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5}, {"logit_bias": [(3, 1.0)]}, {"forced": [1, 2]},
+    ):
+        fields = {f: getattr(GREEDY, f) for f in GREEDY.__struct_fields__}
+        assert not wants_speculation(SamplingParams(**{**fields, **changed})), changed
+
+
+def test_draft_slots_only_for_one_greedy_sequence_on_an_unchanged_batch() -> None:
+    spec = Speculator(4, ServingMetrics())
+    assert spec.slots_for([GREEDY], changes_batch=False) == 4
+    assert spec.slots_for([GREEDY], changes_batch=True) == 0  # an insert or remove this step
+    assert spec.slots_for([GREEDY, GREEDY], changes_batch=False) == 0
+    assert spec.slots_for([], changes_batch=False) == 0
+
+
+def test_worker_checks_rank0s_accepted_count() -> None:
+    """The plan names rank 0's accepted drafts for the step its digest covers; a worker
+    that accepted another count is a desync, reported before the digest."""
+    digests, accepted = {2: 11, 3: 13}, {2: 0, 3: 3}
+    plan = StepPlan(PlanKind.STEP, 4, 99, 13, 3, accepted=3)
+    check_plan(plan, 4, 99, digests, accepted)
+    with pytest.raises(Desync, match="accepted drafts in step 3 rank0=2 local=3"):
+        check_plan(StepPlan(PlanKind.STEP, 4, 99, 13, 3, accepted=2), 4, 99, digests, accepted)
+
+
+def test_acceptance_metrics() -> None:
+    metrics = ServingMetrics()
+    metrics.draft_tokens.inc(8)
+    metrics.accepted_tokens.inc(6)
+    text = metrics.registry.get_sample_value("serving_spec_acceptance_rate")
+    assert text == 0.75
+    assert metrics.registry.get_sample_value("serving_spec_accepted_tokens_total") == 6
+
+
+def test_misaccept_fault_parses() -> None:
+    assert parse_faults("misaccept:rank=1:step=5") == [Fault("misaccept", 1, 5)]
+
+
+def test_config_refuses_an_unknown_speculative_mode(tmp_path: Path) -> None:
+    """cluster.toml names the field and the values that would do."""
+    file = tmp_path / "cluster.toml"
+    file.write_text(textwrap.dedent("""
+        [serving]
+        speculative = "draft"
+        num_draft_tokens = 40
+
+        [[nodes]]
+        name = "a"
+    """))
+    with pytest.raises(ConfigErrors) as caught:
+        check_cluster_file(file)
+    by_path = {issue.path: issue for issue in caught.value.issues}
+    assert "'off', 'prompt_lookup'" in by_path["serving.speculative"].fix
+    assert "serving.num_draft_tokens" in by_path
