@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,21 @@ def test_config_refuses_an_unknown_speculative_mode(tmp_path: Path) -> None:
     by_path = {issue.path: issue for issue in caught.value.issues}
     assert "'off', 'prompt_lookup'" in by_path["serving.speculative"].fix
     assert "serving.num_draft_tokens" in by_path
+
+
+def test_a_model_whose_cache_cannot_trim_back_is_refused() -> None:
+    """Sliding-window (rotating) or state-space layer caches: refused, naming the types
+    and the fix; plain KV caches pass."""
+    from types import SimpleNamespace
+
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    from serving.engine.speculative import SpeculationUnsupported, check_model
+
+    def model(*caches: object) -> Any:
+        return SimpleNamespace(make_cache=lambda: list(caches))
+
+    check_model(model(KVCache(), KVCache()))
+    with pytest.raises(SpeculationUnsupported, match=r"ArraysCache, KVCache, RotatingKVCache.*"
+                       r"speculative = \"off\""):
+        check_model(model(KVCache(), RotatingKVCache(max_size=8), ArraysCache(size=2)))
