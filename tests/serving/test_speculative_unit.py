@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -107,8 +108,6 @@ def test_config_refuses_an_unknown_speculative_mode(tmp_path: Path) -> None:
 def test_a_model_whose_cache_cannot_trim_back_is_refused() -> None:
     """Sliding-window (rotating) or state-space layer caches: refused, naming the types
     and the fix; plain KV caches pass."""
-    from types import SimpleNamespace
-
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
     from serving.engine.speculative import SpeculationUnsupported, check_model
@@ -120,3 +119,21 @@ def test_a_model_whose_cache_cannot_trim_back_is_refused() -> None:
     with pytest.raises(SpeculationUnsupported, match=r"ArraysCache, KVCache, RotatingKVCache.*"
                        r"speculative = \"off\""):
         check_model(model(KVCache(), RotatingKVCache(max_size=8), ArraysCache(size=2)))
+
+
+def test_the_orchestrator_reads_the_counters_back_for_status() -> None:
+    """`status` shows drafts accepted / verified from rank 0's /metrics."""
+    from prometheus_client import generate_latest
+
+    from orchestrator.status.model import ServingStatus
+    from orchestrator.status.view import _serving_line
+    from orchestrator.supervision.progress import parse_sample
+
+    metrics = ServingMetrics()
+    metrics.draft_tokens.inc(8)
+    metrics.accepted_tokens.inc(6)
+    sample = parse_sample(generate_latest(metrics.registry).decode())
+    assert (sample.draft_tokens, sample.accepted_tokens) == (8, 6)
+    status = SimpleNamespace(serving=ServingStatus(draft_tokens_total=8, accepted_tokens_total=6))
+    assert "drafts accepted 6/8 (75%)" in _serving_line(status).plain  # type: ignore[arg-type]
+    assert "drafts" not in _serving_line(SimpleNamespace(serving=ServingStatus())).plain  # type: ignore[arg-type]
