@@ -1,20 +1,21 @@
-"""Speculative decoding across ranks, for one running greedy sequence.
+"""Speculative decoding across ranks, for one running sequence.
 
 Rank 0 proposes up to k draft tokens (prompt lookup, serving/engine/draft_lookup.py) at
 the start of a step and broadcasts them (StepPlan drafts message); every rank feeds the
 pending token and the drafts through the model in one forward pass, keeps the drafts
 the model itself would have chosen (greedy: each draft equal to the previous position's
-argmax), and trims its KV cache back to what it kept. The logits are identical on every
+argmax; sampled: the standard accept/reject rule, drawn from the request's own key),
+and trims its KV cache back to what it kept. The logits are identical on every
 rank (tensor all_sum, pipeline all_gather), so every rank accepts alike; rank 0's count
 travels in the next plan and a worker whose count differs exits DESYNC.
 
-Only when exactly one sequence runs, greedy, without logits processors: that is the
+Only when exactly one sequence runs, without logits processors: that is the
 one-person / one-agent case where a decode step is bound by memory bandwidth and the
 hardware verifies k+1 tokens in about the time of one. With several sequences a step
 already reads the weights once for all of them, verifying drafts would multiply the
 compute of every sequence by k+1, and a shared forward would need per-sequence trims
-of mlx-lm's batch cache; normal batched steps serve them. Sampled requests
-(temperature > 0) and requests with penalties or logit bias take normal steps too.
+of mlx-lm's batch cache; normal batched steps serve them. Requests with penalties or
+logit bias take normal steps too (their processors see one token at a time).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from serving.engine import draft_lookup
 from serving.engine.batch import MirroredBatch, TokenEvent
+from serving.engine.sampling import SeededSampler
 from serving.engine.step_plan import SamplingParams
 
 
@@ -53,24 +55,25 @@ def check_model(model: nn.Module) -> None:
 
 
 def wants_speculation(params: SamplingParams) -> bool:
-    """A request speculation serves: greedy, no logits processors of any kind."""
+    """A request speculation serves: greedy or sampled, no logits processors of any kind."""
     return (
-        params.temperature == 0 and not params.forced and not params.logit_bias
+        not params.forced and not params.logit_bias
         and params.repetition_penalty == 1.0 and not params.presence_penalty
         and not params.frequency_penalty
     )
 
 
-def _single_greedy(batch: MirroredBatch) -> Any | None:
-    """The generation batch when it holds the only sequence, greedy without processors,
-    with its next token pending; None otherwise."""
+def _single_sequence(batch: MirroredBatch) -> Any | None:
+    """The generation batch when it holds the only sequence, without processors, with
+    its next token pending; None otherwise."""
     gen = batch.generator
     gb = gen._generation_batch
     if len(gb) != 1 or len(gen._prompt_batch) or gen._unprocessed_sequences:
         return None
     if gb._next_tokens is None or any(gb.logits_processors[0] or ()):
         return None
-    if gb.samplers and gb.samplers[0] not in (None, greedy_sampler):
+    sampler = gb.samplers[0] if gb.samplers else None
+    if sampler not in (None, greedy_sampler) and not isinstance(sampler, SeededSampler):
         return None
     return gb
 
@@ -79,7 +82,7 @@ def draft_budget(batch: MirroredBatch, slots: int) -> tuple[list[int], int] | No
     """(the sequence's tokens so far including the pending one, how many drafts fit
     before its max_tokens) when this step can speculate; None when it cannot."""
     with mx.stream(batch.stream):
-        gb = _single_greedy(batch)
+        gb = _single_sequence(batch)
         if gb is None:
             return None
         pending = int(gb._next_tokens.item())
@@ -91,6 +94,29 @@ def draft_budget(batch: MirroredBatch, slots: int) -> tuple[list[int], int] | No
 class Verified:
     events: list[TokenEvent]
     accepted: int  # drafts kept
+
+
+def sampled_rule(
+    sampler: SeededSampler, logprobs: mx.array, drafts: list[int]
+) -> tuple[int, mx.array]:
+    """The standard accept/reject rule for drafts proposed with certainty (prompt lookup):
+    keep draft i with probability p_i(draft), p_i the request's own distribution there;
+    at the first rejection sample from p_i without the rejected draft, else from the
+    position after the last draft. Every emitted token is then distributed as plain
+    sampling would draw it; the draws come from the request's key, alike on every rank.
+    Returns (accepted, the next token, shape (1,))."""
+    k = len(drafts)
+    scaled = sampler.scaled(logprobs)
+    probs = mx.softmax(scaled[:k], axis=-1)
+    p_drafts = mx.take_along_axis(probs, mx.array(drafts)[:, None], axis=-1)[:, 0]
+    draws = mx.random.uniform(shape=(k,), key=sampler.next_key())
+    kept = np.array(draws < p_drafts).tolist()
+    accepted = kept.index(False) if False in kept else k
+    row = scaled[accepted]
+    if accepted < k:
+        row = mx.where(mx.arange(row.shape[-1]) == drafts[accepted], -mx.inf, row)
+    token = mx.random.categorical(row, key=sampler.next_key())
+    return accepted, token.astype(mx.uint32)[None]
 
 
 def accepted_count(drafts: list[int], targets: list[int]) -> int:
@@ -109,26 +135,34 @@ def verify(batch: MirroredBatch, drafts: list[int], misaccept: bool = False) -> 
     trim the cache back, and return the tokens emitted (the pending one, then the kept
     drafts, up to a finish). `misaccept`: fault injection, count one draft differently."""
     with mx.stream(batch.stream):
-        gb = _single_greedy(batch)
+        gb = _single_sequence(batch)
         if gb is None:
-            raise NotSpeculating("drafts arrived but this rank's batch is not one greedy sequence")
+            raise NotSpeculating("drafts arrived but this rank's batch cannot speculate")
         pending = gb._next_tokens
         inputs = mx.concatenate([pending, mx.array(drafts, dtype=pending.dtype)])[None]
         logits = gb.model(inputs, cache=gb.prompt_cache)[0]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        targets = mx.argmax(logprobs, axis=-1)
-        mx.eval(targets, pending)
-        accepted = accepted_count(drafts, [int(t) for t in np.array(targets)])
+        accepted, following = _accept(gb, logprobs, drafts)
         if misaccept:
             accepted = (accepted + 1) % (len(drafts) + 1)
         rows = [gb._next_logprobs[0], *(logprobs[i] for i in range(accepted))]
         emitted = [int(pending.item()), *drafts[:accepted]]
         events = _advance(batch, gb, emitted, rows, len(drafts) + 1)
         if events[-1].finish_reason is None:
-            gb._next_tokens = targets[accepted : accepted + 1]
+            gb._next_tokens = following
             gb._next_logprobs = [logprobs[accepted]]
             mx.async_eval(gb._next_tokens, gb._next_logprobs)
     return Verified(events, accepted)
+
+
+def _accept(gb: Any, logprobs: mx.array, drafts: list[int]) -> tuple[int, mx.array]:
+    """(drafts accepted, the token after them) by the request's own rule."""
+    sampler = gb.samplers[0] if gb.samplers else None
+    if isinstance(sampler, SeededSampler):
+        return sampled_rule(sampler, logprobs, drafts)
+    targets = mx.argmax(logprobs, axis=-1)
+    accepted = accepted_count(drafts, [int(t) for t in np.array(targets)])
+    return accepted, targets[accepted : accepted + 1]
 
 
 def _advance(
@@ -164,8 +198,8 @@ class Speculator:
         self.last_accepted = 0  # in the latest finished step (the next plan carries it)
 
     def slots_for(self, running: list[SamplingParams], changes_batch: bool) -> int:
-        """The next step's draft slots: k when one greedy sequence runs alone and the
-        plan leaves the batch as it is; 0 (a normal step) otherwise."""
+        """The next step's draft slots: k when one sequence without logits processors
+        runs alone and the plan leaves the batch as it is; 0 (a normal step) otherwise."""
         alone = len(running) == 1 and not changes_batch
         return self.slots if alone and wants_speculation(running[0]) else 0
 

@@ -1,6 +1,7 @@
 """Speculative decoding (prompt lookup) across ranks: greedy output token for token plain
-mlx-lm's at 1 and 3 tensor ranks and 2 pipeline ranks, with drafts actually accepted;
-a worker that accepts another count than rank 0 exits DESYNC."""
+mlx-lm's at 1 and 3 tensor ranks and 2 pipeline ranks, with drafts actually accepted; a
+sampled request speculates too, every rank drawing alike; a worker that accepts another
+count than rank 0 exits DESYNC."""
 
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ def test_greedy_with_speculation_is_plain_greedy(
         assert 0 < accepted <= drafted, (accepted, drafted)
         assert metric_value(url, "serving_spec_acceptance_rate") == pytest.approx(
             accepted / drafted)
+        # Sampled (the accept/reject rule, from the request's key on every rank): the
+        # ranks stay in step (a desync would end the gang) and drafts are kept.
+        sampled = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS,
+                            temperature=0.5, seed=3)
+        assert sampled["usage"]["completion_tokens"] > 1
+        assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
         for rank in range(ranks):
             assert "DESYNC" not in cluster.log_text(rank)
 

@@ -45,15 +45,39 @@ def test_greedy_accept_rule_keeps_the_drafts_the_model_would_have_chosen() -> No
     assert accepted_count([], [4]) == 0
 
 
-def test_only_plain_greedy_requests_speculate() -> None:
-    """Sampled requests and any logits processor take normal steps (documented)."""
+def test_requests_with_logits_processors_do_not_speculate() -> None:
+    """Penalties and logit bias see one token at a time: normal steps (documented)."""
     assert wants_speculation(GREEDY)
+    fields = {f: getattr(GREEDY, f) for f in GREEDY.__struct_fields__}
+    assert wants_speculation(SamplingParams(**{**fields, "temperature": 0.7, "min_p": 0.1}))
     for changed in (
-        {"temperature": 0.7}, {"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
+        {"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
         {"frequency_penalty": 0.5}, {"logit_bias": [(3, 1.0)]}, {"forced": [1, 2]},
     ):
-        fields = {f: getattr(GREEDY, f) for f in GREEDY.__struct_fields__}
         assert not wants_speculation(SamplingParams(**{**fields, **changed})), changed
+
+
+def test_sampled_accept_rule_keeps_the_distribution() -> None:
+    """Drafts proposed with certainty, kept with probability p(draft), the residual
+    otherwise: the first token after the pending one is distributed as p itself,
+    whichever token is drafted (a likely one, an unlikely one)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from serving.engine.sampling import SeededSampler
+    from serving.engine.speculative import sampled_rule
+
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    logprobs = mx.log(mx.array(np.stack([p, p[::-1]]), dtype=mx.float32))
+    fields = {f: getattr(GREEDY, f) for f in GREEDY.__struct_fields__}
+    for draft in (0, 3):
+        sampler = SeededSampler(SamplingParams(**{**fields, "temperature": 1.0, "seed": 7}), 4)
+        counts = np.zeros(4)
+        trials = 3000
+        for _ in range(trials):
+            accepted, token = sampled_rule(sampler, logprobs, [draft])
+            counts[draft if accepted else int(token.item())] += 1
+        assert np.abs(counts / trials - p).max() < 0.03, (draft, counts / trials)
 
 
 def test_draft_slots_only_for_one_greedy_sequence_on_an_unchanged_batch() -> None:
