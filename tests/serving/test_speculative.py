@@ -15,7 +15,7 @@ import pytest
 from contract.exit_codes import RankExit
 from testkit import mlx_lm_reference
 from testkit.rank_cluster import rank_cluster
-from testkit.waiting import metric_value
+from testkit.waiting import metric_value, wait_until
 from tests.serving.test_tensor_parallel import chat_body, summary
 
 pytestmark = pytest.mark.e2e
@@ -85,3 +85,31 @@ def _ask(url: str) -> None:
         httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
             "model": "m", "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": MAX_TOKENS, "temperature": 0})
+
+
+def test_a_request_joining_a_speculating_one_stays_in_step(
+    tmp_path: Path, bundled_model_dir: Path
+) -> None:
+    """3 ranks: a second request joins while the first speculates (steps turn batched),
+    leaves, and the first speculates again; the ranks stay in step and both finish."""
+    results: dict[str, dict[str, object]] = {}
+
+    def long_one(url: str) -> None:
+        results["long"] = chat_body(url, [{"role": "user", "content": PROMPT + CODE}], 60,
+                                    temperature=0)
+
+    with rank_cluster(tmp_path, bundled_model_dir, 3, served_model_id="m",
+                      **SPECULATE) as cluster:
+        url = cluster.base_url
+        thread = threading.Thread(target=long_one, args=(url,), daemon=True)
+        thread.start()
+        wait_until(lambda: metric_value(url, "serving_spec_accepted_tokens_total") > 0, 120,
+                   "the first request to speculate")
+        short = chat_body(url, [{"role": "user", "content": "Say hi."}], 4, temperature=0)
+        accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+        thread.join(300)
+        assert short["usage"]["completion_tokens"] >= 1  # type: ignore[index]
+        assert results["long"]["choices"][0]["finish_reason"] in ("stop", "length")  # type: ignore[index]
+        assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
+        for rank in range(3):
+            assert "DESYNC" not in cluster.log_text(rank)
