@@ -31,12 +31,16 @@ from contract.fingerprint import MemoryInfo, NodeFingerprint
 from contract.message import Message
 from contract.model_manifest import (
     ManifestResult,
+    ModelFetch,
+    ModelFetched,
     ModelFinalize,
     ModelFinalized,
     ModelManifest,
     ModelPrefixHash,
     ModelPrepare,
     ModelPrepared,
+    ModelServe,
+    ModelServing,
     PrefixHashes,
 )
 
@@ -208,6 +212,8 @@ Request = (
     | ModelPrepare
     | ModelPrefixHash
     | ModelFinalize
+    | ModelServe
+    | ModelFetch
 )
 
 
@@ -362,6 +368,8 @@ Reply = (
     | ModelPrepared
     | PrefixHashes
     | ModelFinalized
+    | ModelServing
+    | ModelFetched
 )
 Event = Hello | Log | Exited | LinkState | NodeUsage
 AgentMessage = Reply | Event

@@ -47,6 +47,7 @@ from contract.model_manifest import (
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
+from orchestrator.provision.sync import forward
 from orchestrator.provision.sync.progress import SyncProgress
 from orchestrator.provision.sync.subsets import Subsets, node_subsets
 from orchestrator.provision.sync.transfer import (
@@ -79,6 +80,8 @@ class NodeOutcome:
     error: str = ""
     need_bytes: int = 0  # the files this node's rank loads (pipeline: its layers' shards)
     layers: tuple[int, int] | None = None  # pipeline: the rank's layers [start, end)
+    forwarded_from: str = ""  # sync_forwarding: the node it fetched from (not the head)
+    forward_error: str = ""  # forwarding failed (the head pushed instead): why
 
 
 @dataclass
@@ -142,7 +145,10 @@ async def sync_model(
             for node in pool.nodes.values()
             if node not in targets
         ]
-        report.nodes += await asyncio.gather(*(_sync_node(context, node) for node in targets))
+        if spec.model.sync_forwarding and len(targets) > 1:
+            report.nodes += await forward.chain(context, targets, _sync_node)
+        else:
+            report.nodes += await asyncio.gather(*(_sync_node(context, node) for node in targets))
     finally:
         await source.close()
         progress.close()
