@@ -31,17 +31,15 @@ from contract.fingerprint import MemoryInfo, NodeFingerprint
 from contract.message import Message
 from contract.model_manifest import (
     ManifestResult,
-    ModelFetch,
-    ModelFetched,
     ModelFinalize,
     ModelFinalized,
     ModelManifest,
     ModelPrefixHash,
     ModelPrepare,
     ModelPrepared,
-    ModelServe,
-    ModelServing,
     PrefixHashes,
+    RelayReply,
+    RelayRequest,
 )
 
 PROTOCOL_VERSION = 6
@@ -211,9 +209,7 @@ Request = (
     | ModelManifest
     | ModelPrepare
     | ModelPrefixHash
-    | ModelFinalize
-    | ModelServe
-    | ModelFetch
+    | ModelFinalize | RelayRequest  # forwarding along the ring (contract/model_manifest.py)
 )
 
 
@@ -367,9 +363,7 @@ Reply = (
     | ManifestResult
     | ModelPrepared
     | PrefixHashes
-    | ModelFinalized
-    | ModelServing
-    | ModelFetched
+    | ModelFinalized | RelayReply
 )
 Event = Hello | Log | Exited | LinkState | NodeUsage
 AgentMessage = Reply | Event

@@ -191,3 +191,7 @@ class ModelFetch(Message, tag="model_fetch", kw_only=True):
 class ModelFetched(Message, tag="model_fetched", kw_only=True):
     id: int
     received_bytes: int
+
+
+RelayRequest = ModelServe | ModelFetch  # members of agent_protocol's Request union
+RelayReply = ModelServing | ModelFetched

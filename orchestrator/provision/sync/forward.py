@@ -18,7 +18,6 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from contract.model_manifest import (
     FetchFile,
@@ -35,16 +34,14 @@ from contract.model_manifest import (
     PrefixHashes,
 )
 from orchestrator.config import ClusterSpec
+from orchestrator.provision.sync.state import NodeOutcome, SyncContext, agent_error, resumable
 from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, RESUME_WINDOW
 from orchestrator.transports.errors import AgentRequestError, TransportError
 from orchestrator.transports.handle import AgentHandle
 from orchestrator.transports.pool import NodeConnection
 
-if TYPE_CHECKING:
-    from orchestrator.provision.sync.model_sync import NodeOutcome, _Context
-
 log = logging.getLogger("orchestrator.sync")
-Push = Callable[["_Context", NodeConnection], Awaitable["NodeOutcome"]]
+Push = Callable[[SyncContext, NodeConnection], Awaitable[NodeOutcome]]
 SERVE_TIMEOUT_S = 30.0
 
 
@@ -58,13 +55,13 @@ def hop_address(spec: ClusterSpec, holder: str, receiver: str) -> str:
     return node.ssh_host or "127.0.0.1"
 
 
-def _covers(ctx: _Context, holder: str, receiver: str) -> bool:
+def _covers(ctx: SyncContext, holder: str, receiver: str) -> bool:
     have = {(f.path, f.sha256) for f in ctx.subsets.manifest(holder, ctx.manifest).files}
     need = ctx.subsets.manifest(receiver, ctx.manifest).files
     return all((f.path, f.sha256) in have for f in need)
 
 
-async def chain(ctx: _Context, targets: list[NodeConnection], push: Push) -> list[NodeOutcome]:
+async def chain(ctx: SyncContext, targets: list[NodeConnection], push: Push) -> list[NodeOutcome]:
     """Every target in turn: from the last node holding a verified copy, else pushed."""
     outcomes: list[NodeOutcome] = []
     holder: str | None = None
@@ -96,9 +93,7 @@ class _HolderPrefix:
         return (await self._agent.request(request, PrefixHashes, HASH_TIMEOUT_S)).sha256
 
 
-async def _forward(ctx: _Context, holder: str, node: NodeConnection) -> NodeOutcome:
-    from orchestrator.provision.sync.model_sync import NodeOutcome, _agent_error, _resumable
-
+async def _forward(ctx: SyncContext, holder: str, node: NodeConnection) -> NodeOutcome:
     name = node.spec.name
     manifest = ctx.subsets.manifest(name, ctx.manifest)
     outcome = NodeOutcome(name, "failed", need_bytes=manifest.total_bytes)
@@ -117,7 +112,7 @@ async def _forward(ctx: _Context, holder: str, node: NodeConnection) -> NodeOutc
             return outcome
         outcome.reused_bytes = prepared.reused_bytes
         holder_agent = ctx.pool.agent(holder)
-        send = await _resumable(_HolderPrefix(holder_agent, ctx.spec.model.path), prepared.send)  # type: ignore[arg-type]
+        send = await resumable(_HolderPrefix(holder_agent, ctx.spec.model.path), prepared.send)
         outcome.resumed_bytes = prepared.staged_bytes + sum(f.offset for f in send)
         sizes = {f.path: f.size for f in manifest.files}
         files = [FetchFile(path=f.path, offset=f.offset, size=sizes[f.path]) for f in send]
@@ -132,7 +127,7 @@ async def _forward(ctx: _Context, holder: str, node: NodeConnection) -> NodeOutc
         outcome.status = "synced"
         ctx.progress.done(name, f"verified (from {holder})")
     except (AgentRequestError, TransportError) as exc:
-        outcome.error = _agent_error(exc, ctx.rerun)
+        outcome.error = agent_error(exc, ctx.rerun)
     except Exception as exc:  # a timeout, or a bug: the head pushes this node instead
         log.debug("[%s] forwarding failed", name, exc_info=True)
         outcome.error = f"{type(exc).__name__}: {exc}"
@@ -141,7 +136,7 @@ async def _forward(ctx: _Context, holder: str, node: NodeConnection) -> NodeOutc
 
 
 async def _fetch(
-    ctx: _Context,
+    ctx: SyncContext,
     holder: AgentHandle,
     receiver: AgentHandle,
     staging: str,
