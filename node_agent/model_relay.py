@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from node_agent.model_store import StoreError, model_path
 PARALLEL_FILES = 4
 CHUNK = 1 << 20
 MAX_REQUEST = 64 << 10  # a request line's bytes at most
+# A listener nobody connected to for this long is closed (its orchestrator went away
+# before ModelServe(close=True)); a receiver opens one connection per file.
+IDLE_CLOSE_S = 600.0
 
 
 @dataclass
@@ -43,6 +47,9 @@ class _Serving:
     token: str
     files: frozenset[str]
     server: asyncio.Server
+    active: int = 0
+    last: float = 0.0
+    watch: asyncio.Task[None] | None = None
 
 
 _serving: dict[str, _Serving] = {}  # by token
@@ -70,13 +77,24 @@ async def serve(req: ModelServe) -> ModelServing:
             MODEL_IO, f"cannot listen on {req.host} to forward the model: {exc.strerror or exc}"
         ) from exc
     _serving[req.token] = entry
+    entry.last = time.monotonic()
+    entry.watch = asyncio.get_running_loop().create_task(_close_when_idle(entry))
     port = entry.server.sockets[0].getsockname()[1]
     return ModelServing(id=req.id, port=int(port))
+
+
+async def _close_when_idle(entry: _Serving) -> None:
+    while _serving.get(entry.token) is entry:
+        await asyncio.sleep(min(IDLE_CLOSE_S, 30.0))
+        if entry.active == 0 and time.monotonic() - entry.last > IDLE_CLOSE_S:
+            _serving.pop(entry.token, None)
+            entry.server.close()
 
 
 async def _serve_one(
     entry: _Serving, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
+    entry.active += 1
     try:
         line = await asyncio.wait_for(reader.readline(), 30.0)
         try:
@@ -96,6 +114,8 @@ async def _serve_one(
     except (OSError, TimeoutError):
         pass  # the receiver sees a short file and reports it
     finally:
+        entry.active -= 1
+        entry.last = time.monotonic()
         with contextlib.suppress(OSError):
             writer.close()
             await writer.wait_closed()

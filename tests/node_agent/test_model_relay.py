@@ -95,3 +95,20 @@ def test_a_wrong_token_is_refused(tmp_path: Path) -> None:
     manifest, _ = build_manifest(holder)
     with pytest.raises(model_store.StoreError, match="wrong token"):
         asyncio.run(forward(holder, tmp_path / "node" / "model", manifest, token="x" * 64))
+
+
+def test_a_listener_left_open_closes_when_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An orchestrator that never sent close=True does not leave the port open for good."""
+    holder = big_model(tmp_path / "holder")
+    monkeypatch.setattr(model_relay, "IDLE_CLOSE_S", 0.2)
+
+    async def left_open() -> bool:
+        token = secrets.token_hex(32)
+        await model_relay.handle(ModelServe(path=str(holder), host="127.0.0.1", token=token))
+        assert token in model_relay._serving
+        await asyncio.sleep(1.0)
+        return token in model_relay._serving
+
+    assert not asyncio.run(left_open())

@@ -97,7 +97,7 @@ async def _forward(ctx: SyncContext, holder: str, node: NodeConnection) -> NodeO
     name = node.spec.name
     manifest = ctx.subsets.manifest(name, ctx.manifest)
     outcome = NodeOutcome(name, "failed", need_bytes=manifest.total_bytes)
-    outcome.layers, outcome.forwarded_from = ctx.subsets.layers.get(name), holder
+    outcome.layers = ctx.subsets.layers.get(name)
     started = time.monotonic()
     try:
         agent = ctx.pool.agent(name)
@@ -124,7 +124,7 @@ async def _forward(ctx: SyncContext, holder: str, node: NodeConnection) -> NodeO
         finalize = ModelFinalize(path=ctx.spec.model.path, manifest=manifest)
         finalized = await agent.request(finalize, ModelFinalized, HASH_TIMEOUT_S)
         outcome.hashed_bytes += finalized.hashed_bytes
-        outcome.status = "synced"
+        outcome.status, outcome.forwarded_from = "synced", holder
         ctx.progress.done(name, f"verified (from {holder})")
     except (AgentRequestError, TransportError) as exc:
         outcome.error = agent_error(exc, ctx.rerun)
