@@ -38,6 +38,8 @@ from contract.model_manifest import (
     ModelPrepare,
     ModelPrepared,
     PrefixHashes,
+    RelayReply,
+    RelayRequest,
 )
 
 PROTOCOL_VERSION = 6
@@ -207,7 +209,7 @@ Request = (
     | ModelManifest
     | ModelPrepare
     | ModelPrefixHash
-    | ModelFinalize
+    | ModelFinalize | RelayRequest  # forwarding along the ring (contract/model_manifest.py)
 )
 
 
@@ -361,7 +363,7 @@ Reply = (
     | ManifestResult
     | ModelPrepared
     | PrefixHashes
-    | ModelFinalized
+    | ModelFinalized | RelayReply
 )
 Event = Hello | Log | Exited | LinkState | NodeUsage
 AgentMessage = Reply | Event

@@ -61,12 +61,14 @@ from contract.agent_protocol import (
 from contract.model_manifest import (
     MODEL_IO,
     ManifestResult,
+    ModelFetch,
     ModelFinalize,
     ModelManifest,
     ModelPrefixHash,
     ModelPrepare,
+    ModelServe,
 )
-from node_agent import AGENT_VERSION, host_ops, links, model_store, rdma_holders
+from node_agent import AGENT_VERSION, host_ops, links, model_relay, model_store, rdma_holders
 from node_agent.code_digest import code_digest, code_root
 from node_agent.fingerprint import collect_fingerprint
 from node_agent.links import LinkProbes
@@ -191,7 +193,7 @@ class Agent:
         elif isinstance(
             req,
             Stop | Fingerprint | Reap | Connect | ModelManifest | ModelPrepare | ModelPrefixHash
-            | ModelFinalize,
+            | ModelFinalize | ModelServe | ModelFetch,
         ):
             # These wait (grace periods, tools): answer out of order, keep reading.
             self._spawn_task(self._dispatch(req))
@@ -289,6 +291,8 @@ class Agent:
                 return RdmaHolders(id=req.id, holders=holders)
             case ModelManifest() | ModelPrepare() | ModelPrefixHash() | ModelFinalize():
                 return await asyncio.to_thread(_model_request, req)
+            case ModelServe() | ModelFetch():
+                return await model_relay.handle(req)
         raise AssertionError(f"unhandled request {req!r}")
 
     async def _error(self, req_id: int | None, code: str, message: str) -> None:
