@@ -40,11 +40,13 @@ def write_tiny_model(
     hidden_size: int = 64,
     seed: int = 0,
     model_cache_dir: Path | None = None,
+    vocab_size: int | None = None,
 ) -> Path:
     """Write a random-weight Llama into `dest` (created if needed) and return `dest`.
 
     `model_cache_dir` is where the bundled model (the tokenizer's source) is converted;
-    None means the default cache."""
+    None means the default cache. `vocab_size`: embedding rows other than the tokenizer's
+    (a model of another vocabulary)."""
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError(
             f"hidden_size {hidden_size} must divide by num_heads {num_heads}, "
@@ -56,7 +58,9 @@ def write_tiny_model(
     for name in TOKENIZER_FILES:
         shutil.copyfile(source / name, dest / name)
     config = _config(source_config, num_heads, num_kv_heads, num_layers, hidden_size)
-    weights = _random_weights(config, _control_token_ids(source), seed)
+    config["vocab_size"] = vocab_size or config["vocab_size"]
+    controls = [i for i in _control_token_ids(source) if i < config["vocab_size"]]
+    weights = _random_weights(config, controls, seed)
     _save(dest, config, weights)
     return dest
 
