@@ -55,3 +55,25 @@ def test_a_draft_model_of_another_vocabulary_is_refused(
     same = write_tiny_model(tmp_path / "same")
     settings.serving.draft_model = str(same)
     assert load_draft(settings, target).propose([1, 2, 3], 2)
+
+
+def test_the_draft_cache_goes_when_a_step_does_not_speculate(tiny_model_dir: Path) -> None:
+    """A second request joining (or the sequence ending) drops the draft's cache; the
+    next speculating step starts it again from the sequence's tokens."""
+    from mlx_lm import load
+
+    from serving.engine.speculative import Speculator
+    from serving.engine.step_plan import SamplingParams
+    from serving.metrics import ServingMetrics
+
+    model, tokenizer = load(str(tiny_model_dir))[:2]
+    draft = DraftModel(model, len(tokenizer.vocab))
+    first = draft.propose([1, 2, 3, 4], 3)
+    assert draft._cache is not None
+    speculator = Speculator(3, ServingMetrics(), draft)
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_tokens=16, seed=1)
+    assert speculator.slots_for([greedy], changes_batch=False) == 3
+    assert draft._cache is not None
+    assert speculator.slots_for([greedy, greedy], changes_batch=False) == 0
+    assert draft._cache is None and draft._fed == []
+    assert draft.propose([1, 2, 3, 4], 3) == first
