@@ -38,16 +38,18 @@ def chat_prompt(tokenizer: Any, content: str) -> list[int]:
 
 def greedy(
     model: Any, tokenizer: Any, prompt: list[int], max_tokens: int,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = 2048, logits_processors: list[Any] | None = None,
 ) -> Reference:
     """Argmax decoding of up to max_tokens (ends at EOS, as ranks do); the whole prompt is
-    prefilled in chunks of prefill_step_size (larger than the prompt: in one pass)."""
+    prefilled in chunks of prefill_step_size (larger than the prompt: in one pass);
+    `logits_processors` as mlx_lm.sample_utils.make_logits_processors makes them."""
     stream_generate = sys.modules["mlx_lm.generate"].stream_generate  # the module, not the fn
     tokens: list[int] = []
     logprobs: list[float] = []
     text, stopped = "", False
     for response in stream_generate(
-        model, tokenizer, prompt, max_tokens=max_tokens, prefill_step_size=prefill_step_size
+        model, tokenizer, prompt, max_tokens=max_tokens, prefill_step_size=prefill_step_size,
+        logits_processors=logits_processors,
     ):
         text += response.text
         if response.finish_reason == "stop":

@@ -24,6 +24,17 @@ from orchestrator.config.spec import ClusterSpec
 # A real cluster.toml is a few KiB; a cap keeps a wrong path from being read whole.
 MAX_FILE_BYTES = 1 << 20
 
+# Keys people expect from mlx-lm that cannot work here: why, instead of "unknown key".
+UNSUPPORTED_KEYS = {
+    "serving.kv_bits": (
+        "not supported: mlx-lm 0.32's BatchGenerator, which serves every request here, has "
+        "no kv_bits and its BatchKVCache cannot be quantized (no to_quantized; "
+        "BatchRotatingKVCache's raises NotImplementedError); docs/serving.md",
+        "remove kv_bits; to fit more context use more nodes or pipeline mode "
+        "([cluster] parallel), or lower [model] context_length",
+    ),
+}
+
 
 def check_cluster_file(file: Path) -> tuple[ClusterSpec, list[ConfigIssue]]:
     """Parse, convert and check a cluster.toml; returns the spec and its warnings."""
@@ -151,7 +162,10 @@ def _convert_struct(
     start = len(issues)
     for key in data:
         if key not in fields and not lenient:
-            issues.append(ConfigIssue(_join(path, key), "unknown key", _suggest(key, list(fields))))
+            found, fix = UNSUPPORTED_KEYS.get(
+                _join(path, key), ("unknown key", _suggest(key, list(fields)))
+            )
+            issues.append(ConfigIssue(_join(path, key), found, fix))
     values: dict[str, Any] = {}
     for name, field in fields.items():
         if name in data:

@@ -9,6 +9,7 @@ cluster's [model] store), what each is, and the cluster's own model even before 
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -19,8 +20,11 @@ from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 from rich.table import Table
 
+from contract.fingerprint import NodeFingerprint
+from node_agent.fingerprint import collect_fingerprint
 from orchestrator.config import ClusterSpec
 from orchestrator.console import report_console
+from orchestrator.models.fit import fit
 from orchestrator.models.hub import HubAccess, HubError, remote_listing
 from orchestrator.models.hub_ref import is_hub, parse
 from orchestrator.models.location import hf_cache_dir, pinned_commit, store_dir
@@ -43,9 +47,32 @@ class ModelEntry:
 
 
 def fits_cluster(entry: ModelEntry, spec: ClusterSpec) -> str | None:
-    """Hook for placement (tensor or pipeline, bytes per node, the largest context that
-    fits): not decided here. None shows as "?"."""
-    return None
+    """Tensor, pipeline or refused, the weights per node and the largest context that
+    fits (orchestrator/models/fit.py); None (shown as "?") without a readable config."""
+    root = Path(entry.path) if entry.path else None
+    if root is None:
+        return None
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    weights = sum(p.stat().st_size for p in root.glob("*.safetensors")) or entry.size_bytes
+    decided = fit(config, weights, spec, _this_machine(spec))
+    return None if decided is None else decided.text()
+
+
+def _this_machine(spec: ClusterSpec) -> dict[str, NodeFingerprint]:
+    """Fingerprints of the cluster's local nodes (this machine, probed once)."""
+    local = [node.name for node in spec.nodes if node.transport == "local"]
+    if not local:
+        return {}
+    here = _probe_here()
+    return dict.fromkeys(local, here)
+
+
+@functools.cache
+def _probe_here() -> NodeFingerprint:
+    return collect_fingerprint(None, None)
 
 
 def catalog(spec: ClusterSpec | None, access: HubAccess | None = None) -> list[ModelEntry]:
