@@ -9,9 +9,12 @@ directory, reached over SSH on a bridge (no shaping unless said). Measured:
    once, and both again to 1 host alone;
 3. an unchanged model: `sync` again (wall time, bytes hashed on the source and nodes);
 4. resume: a sync to 1 host over a link shaped to --resume-rate is SIGKILLed once half of
-   the largest file is staged; the next sync's bytes sent vs the whole model.
+   the largest file is staged; the next sync's bytes sent vs the whole model;
+5. pipeline: the bundled model (4-bit) re-split into one shared shard and one shard per
+   3 layers, synced to 3 empty hosts with parallel = "pipeline": each host's bytes vs the
+   whole model.
 
-    sudo .venv/bin/python bench/model_sync.py [--pad-mb 300] [--runs 2]
+    sudo .venv/bin/python bench/model_sync.py [--pad-mb 300] [--runs 2] [--only push_3,pipeline]
 
 Figures go to bench/results/model-sync-<time>.json.
 """
@@ -35,9 +38,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from node_agent.model_hashes import CACHE_ENV, build_manifest  # noqa: E402
-from serving.model.bundled import default_cache_dir  # noqa: E402
+from serving.model.bundled import default_cache_dir, resolve_model  # noqa: E402
 from testkit.netns import MultiHost, PrivateTmpfs, multi_host  # noqa: E402
 from testkit.orchestrator_process import write_cluster  # noqa: E402
+from testkit.sharded_model import write_sharded_copy  # noqa: E402
 from testkit.tiny_model import write_tiny_model  # noqa: E402
 
 MB = 1e6
@@ -194,12 +198,49 @@ def resume(
     }
 
 
+def pipeline(tmp: Path, net: MultiHost, mount: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Per-host bytes when each pipeline stage gets only its layers' shards."""
+    bundled = resolve_model("bundled:smollm2-135m-instruct", default_cache_dir())
+    model = mount / "bench-sharded"
+    write_sharded_copy(bundled, model, 3)
+    nodes = [net.node(i) | {"memory_gb": 1.0} for i in range(3)]
+    d = tmp / "cfg-pipeline"
+    d.mkdir(exist_ok=True)
+    config = write_cluster(d, str(model), nodes, cluster={"parallel": "pipeline"})
+    seconds, report = run_sync(config, env)
+    total = report["total_bytes"]
+    clear_copies(net, model, [0, 1, 2])
+    return {
+        "model_bytes": total,
+        "sync_s": round(seconds, 2),
+        "nodes": [
+            {
+                "layers": n["layers"],
+                "need_bytes": n["need_bytes"],
+                "sent_bytes": n["sent_bytes"],
+                "share_of_model": round(n["need_bytes"] / total, 3),
+            }
+            for n in report["nodes"]
+        ],
+        "sum_share_of_3_whole_copies": round(
+            sum(n["sent_bytes"] for n in report["nodes"]) / (3 * total), 3
+        ),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pad-mb", type=int, default=300)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--resume-rate", default="800mbit")
+    parser.add_argument("--only", default="", help="comma-separated: push_3,unchanged_3,"
+                        "push_1,resume_1,pipeline (default: all)")
     args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+
+    def wanted(section: str) -> bool:
+        return not only or section in only
+
     results: dict[str, Any] = {"pad_mb": args.pad_mb, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="mco-bench-sync-") as tmp_name:
         tmp = Path(tmp_name)
@@ -211,13 +252,21 @@ def main() -> int:
         env = {CACHE_ENV: str(cache)}
         results["hash_source"] = hashing(model, cache)
         with multi_host(3, "switch", tmp / "hosts", PrivateTmpfs(str(mount), "3g")) as net:
-            results["push_3"] = [
-                push(tmp, net, model, [0, 1, 2], env, total) for _ in range(args.runs)
-            ]
-            results["unchanged_3"] = unchanged(tmp, net, model, env)
-            results["push_1"] = [push(tmp, net, model, [0], env, total) for _ in range(args.runs)]
-            results["resume_1"] = resume(tmp, net, model, env, args.resume_rate)
-    for key in ("push_3", "push_1"):
+            if wanted("push_3") or wanted("unchanged_3"):
+                results["push_3"] = [
+                    push(tmp, net, model, [0, 1, 2], env, total) for _ in range(args.runs)
+                ]
+            if wanted("unchanged_3"):
+                results["unchanged_3"] = unchanged(tmp, net, model, env)
+            if wanted("push_1"):
+                results["push_1"] = [
+                    push(tmp, net, model, [0], env, total) for _ in range(args.runs)
+                ]
+            if wanted("resume_1"):
+                results["resume_1"] = resume(tmp, net, model, env, args.resume_rate)
+            if wanted("pipeline"):
+                results["pipeline_3"] = pipeline(tmp, net, mount, env)
+    for key in [k for k in ("push_3", "push_1") if k in results]:
         runs = results[key]
         results[f"{key}_median"] = {
             k: statistics.median(r[k] for r in runs)

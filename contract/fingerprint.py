@@ -13,6 +13,9 @@ from typing import Literal
 import msgspec
 from msgspec import Struct
 
+from contract.model_manifest import ManifestFile
+from contract.model_shards import WeightShard
+
 # Metal's default working-set cap is roughly this share of RAM when it could not be read.
 METAL_DEFAULT_WIRED_SHARE = 0.75
 
@@ -122,6 +125,10 @@ class ModelInfo(Struct, kw_only=True):
     digest: str | None = None
     config: ModelConfigInfo | None = None
     error: str | None = None
+    # Model directory: every file it holds (a pipeline node may hold only its layers'
+    # shards: preflight compares file by file) and the shards its index names.
+    files: list[ManifestFile] = msgspec.field(default_factory=list)
+    shards: list[WeightShard] | None = None
 
 
 class DiskInfo(Struct, kw_only=True):

@@ -16,6 +16,7 @@ from pathlib import Path
 from contract.bundled_models import BUNDLED_PREFIX, ModelResolutionError, bundled_gguf_path
 from contract.fingerprint import ModelConfigInfo, ModelInfo
 from contract.model_config import config_info
+from contract.model_shards import INDEX_FILE, ShardIndexError, index_total_size, parse_index
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.probes.gguf import GgufHeader, read_gguf_header
 
@@ -99,6 +100,17 @@ def inspect_model_dir(spec: str, path: Path) -> ModelInfo:
     info.total_bytes = manifest.total_bytes
     info.weight_bytes = sum(f.size for f in manifest.files if f.path.endswith(".safetensors"))
     info.digest = manifest.digest()[:DIGEST_CHARS]
+    info.files = manifest.files
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            text = index.read_text()
+            info.shards = parse_index(text)
+        except (OSError, ShardIndexError) as exc:
+            info.error = f"cannot read {index}: {exc}"
+            return info
+        # A pipeline node may hold some shards only: the index's total is the same on all.
+        info.weight_bytes = index_total_size(text) or info.weight_bytes
     config_path = path / "config.json"
     if not config_path.is_file():
         info.error = f"{config_path} is missing: not an mlx-lm model directory"

@@ -15,6 +15,7 @@ from orchestrator.config import ClusterSpec
 from orchestrator.config.jaccl_devices import node_devices
 from orchestrator.config.links import rank_addresses
 from orchestrator.launch.preflight_macs import mac_preflight
+from orchestrator.launch.preflight_model import model_preflight
 from orchestrator.placement.decide import Refusal, place
 
 GIB = 1024**3
@@ -50,9 +51,12 @@ def run_preflight(
     (decided here when not given)."""
     if placement is None:
         placement = place(spec, fingerprints)
-    checks = (_versions, _model, _memory_caps, _addresses, _jaccl)
+    checks = (_versions, _memory_caps, _addresses, _jaccl)
     failures = [failure for check in checks for failure in check(spec, fingerprints)]
     failures += [PreflightFailure(*found) for found in mac_preflight(spec, fingerprints)]
+    failures += [
+        PreflightFailure(*found) for found in model_preflight(spec, fingerprints, placement)
+    ]
     if isinstance(placement, Refusal):
         failures.append(
             PreflightFailure(placement.node, placement.check, placement.found, placement.fix)
@@ -116,45 +120,6 @@ def _version_fields(a: NodeFingerprint, b: NodeFingerprint) -> Iterator[tuple[st
 
 def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
-
-
-def _model(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:
-    digests: dict[str, list[str]] = {}
-    for node in spec.nodes:
-        model = prints[node.name].model
-        if model is None or not model.exists:
-            reason = (
-                model.error if model and model.error else None
-            ) or f"{spec.model.path} is missing"
-            yield PreflightFailure(
-                node.name,
-                "model",
-                reason,
-                f"run `orchestrator sync cluster.toml` to copy {spec.model.path} there from "
-                "this machine (`--from NODE` from a node), or set `sync = true` in [model]",
-            )
-            continue
-        if model.error:
-            yield PreflightFailure(
-                node.name,
-                "model",
-                model.error,
-                "fix the files, or re-copy them with `orchestrator sync cluster.toml`",
-            )
-        digests.setdefault(model.digest or "?", []).append(node.name)
-    if len(digests) > 1:
-        groups = "; ".join(f"{', '.join(names)}: {digest}" for digest, names in digests.items())
-        yield PreflightFailure(
-            "*",
-            "model",
-            f"the model's files differ between nodes (SHA-256 manifest digests: {groups})",
-            "run `orchestrator sync cluster.toml`: it re-sends only the files that differ "
-            "from this machine's copy (`--from NODE` to take a node's)",
-        )
-
-
-
-
 
 
 def _memory_caps(spec: ClusterSpec, prints: Fingerprints) -> Iterator[PreflightFailure]:

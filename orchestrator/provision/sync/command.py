@@ -128,11 +128,16 @@ def render(report: SyncReport) -> str:
                     f"all verified after {n.seconds:.1f} s"
                 )
             case "current":
-                detail = "already holds this model"
+                detail = "already holds " + ("its files" if n.layers else "this model")
             case "source":
                 detail = "is the source"
             case _:
                 detail = n.error
+        if n.layers and n.status != "failed":
+            detail += (
+                f" [layers {n.layers[0]}-{n.layers[1] - 1}: {n.need_bytes / 1e6:.1f} MB "
+                f"of the model's {report.total_bytes / 1e6:.1f} MB]"
+            )
         lines.append(
             f"  {n.node:<12} {n.status.upper() if n.status == 'failed' else n.status:<8} {detail}"
         )

@@ -1,6 +1,7 @@
 """`orchestrator sync`: the model directory from one source to every node, content-verified.
 
     source: this machine (or --from NODE) ─▶ Manifest (every file's size + SHA-256, cached)
+    pipeline placement: each node's manifest is only the files its rank loads (subsets.py)
     every other node at once:
         ModelPrepare ─▶ current? ── yes ─▶ done
                         │ no: right files linked into <path>.partial-sync, free space checked
@@ -47,6 +48,7 @@ from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync.progress import SyncProgress
+from orchestrator.provision.sync.subsets import Subsets, node_subsets
 from orchestrator.provision.sync.transfer import (
     HASH_TIMEOUT_S,
     PARALLEL_FILES,
@@ -75,6 +77,8 @@ class NodeOutcome:
     transfer_seconds: float = 0.0
     seconds: float = 0.0  # prepare to finalize
     error: str = ""
+    need_bytes: int = 0  # the files this node's rank loads (pipeline: its layers' shards)
+    layers: tuple[int, int] | None = None  # pipeline: the rank's layers [start, end)
 
 
 @dataclass
@@ -106,6 +110,8 @@ class _Context:
     source: Source
     progress: SyncProgress
     rerun: str  # the command that resumes
+    subsets: Subsets = field(default_factory=Subsets)
+    source_name: str = ""  # "this machine" or the node's name
 
 
 async def sync_model(
@@ -124,10 +130,12 @@ async def sync_model(
         )
     report, source = await _open_source(spec, pool, source_node)
     context = _Context(spec, pool, Manifest(files=[]), source, progress, rerun)
+    context.source_name = report.source
     try:
         context.manifest = await _source_manifest(report, pool, source_node)
         if isinstance(source, NodeSource):
             source.root = report.path  # as the source node expanded it
+        context.subsets = await node_subsets(spec, pool, context.manifest, source)
         targets = [node for node in pool.nodes.values() if _is_target(node, source_node)]
         report.nodes = [
             NodeOutcome(node.spec.name, "source")
@@ -211,12 +219,16 @@ async def _source_manifest(report: SyncReport, pool: NodePool, source_node: str 
 
 async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
     name = node.spec.name
-    outcome = NodeOutcome(name, "failed")
+    manifest = ctx.subsets.manifest(name, ctx.manifest)
+    outcome = NodeOutcome(name, "failed", need_bytes=manifest.total_bytes)
+    outcome.layers = ctx.subsets.layers.get(name)
     started = time.monotonic()
     try:
+        if name in ctx.subsets.missing:
+            raise _FileFailed(_source_lacks(ctx, name))
         agent = ctx.pool.agent(name)
         prepare = ModelPrepare(
-            path=ctx.spec.model.path, manifest=ctx.manifest, resume_window=RESUME_WINDOW
+            path=ctx.spec.model.path, manifest=manifest, resume_window=RESUME_WINDOW
         )
         prepared = await agent.request(prepare, ModelPrepared, HASH_TIMEOUT_S)
         outcome.hashed_bytes = prepared.hashed_bytes
@@ -230,7 +242,7 @@ async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
         transfer_started = time.monotonic()
         await _send_all(ctx, node, prepared.staging, send, outcome)
         outcome.transfer_seconds = time.monotonic() - transfer_started
-        finalize = ModelFinalize(path=ctx.spec.model.path, manifest=ctx.manifest)
+        finalize = ModelFinalize(path=ctx.spec.model.path, manifest=manifest)
         finalized = await agent.request(finalize, ModelFinalized, HASH_TIMEOUT_S)
         outcome.hashed_bytes += finalized.hashed_bytes
         outcome.status = "synced"
@@ -246,6 +258,15 @@ async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
         ctx.progress.done(name, "FAILED")
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def _source_lacks(ctx: _Context, name: str) -> str:
+    lacking = ctx.subsets.missing[name]
+    return (
+        f"the source {ctx.source_name} lacks {len(lacking)} files this node's layers need "
+        f"({', '.join(lacking[:3])}): it holds only its own stage's shards; sync from a "
+        "machine with the whole model (this machine, or --from NODE)"
+    )
 
 
 class _FileFailed(Exception):
