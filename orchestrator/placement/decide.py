@@ -35,7 +35,7 @@ MAX_SUGGESTED_RANKS = 16
 class Refusal:
     """Why no placement works, with the numbers and what would."""
 
-    check: str  # "heads", "architecture" or "memory": preflight's check name
+    check: str  # "heads", "architecture", "layers" or "memory": preflight's check name
     node: str  # "*" for the cluster as a whole
     found: str
     fix: str
@@ -97,6 +97,14 @@ def place(spec: ClusterSpec, prints: Mapping[str, NodeFingerprint]) -> Placement
             f"{why_not_tensor}, and mlx-lm cannot pipeline the {model_type!r} architecture",
             f"use {_rank_counts(model.config)} nodes for tensor parallelism, or a model of an "
             f"architecture that pipelines: {', '.join(sorted(pipeline_architectures()))}",
+        )
+    if len(model.shape.layer_params) < len(names):
+        return Refusal(
+            "layers",
+            "*",
+            f"{why_not_tensor}, and its {len(model.shape.layer_params)} layers cannot give "
+            f"each of {len(names)} pipeline ranks one",
+            f"use at most {len(model.shape.layer_params)} nodes",
         )
     pipeline = _pipeline(spec, model, names, budgets)
     pipeline.reason = why_not_tensor if mode == "auto" else "configured"

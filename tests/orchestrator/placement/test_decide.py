@@ -121,3 +121,14 @@ def test_a_model_too_large_for_the_cluster_is_refused_with_figures() -> None:
     assert isinstance(result, Refusal) and result.check == "memory"
     assert "in pipeline mode" in result.found and "may use" in result.found
     assert "4-bit quantization" in result.fix
+
+
+def test_more_pipeline_ranks_than_layers_is_refused() -> None:
+    """9 heads on 4 ranks do not divide, and a 3-layer model cannot give 4 stages a layer
+    each: a refusal naming both, not an error from the split."""
+    cluster = spec(4)
+    three_layers = SMOLLM2 | {"num_hidden_layers": 3}
+    result = place(cluster, prints(cluster, *[fingerprint(three_layers, 30_000_000, 16)] * 4))
+    assert isinstance(result, Refusal) and result.check == "layers"
+    assert "3 layers cannot give each of 4 pipeline ranks one" in result.found
+    assert "at most 3 nodes" in result.fix
