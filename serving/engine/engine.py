@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from contract.exit_codes import RankExit
 from contract.openai_errors import SHUTDOWN, TIMEOUT
+from serving.engine.arrivals import arrival_window_s, gather
 from serving.engine.batch import MirroredBatch, TokenEvent, digest_ints
 from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.requests import Failed, GenerationRequest
@@ -194,6 +195,7 @@ class Engine:
     def _admit(self) -> list[GenerationRequest]:
         if self._stop_deadline is not None:
             return []
+        self._gather_arrivals()
         admitted: list[GenerationRequest] = []
         with self._lock:
             while self._waiting and len(self._running) + len(admitted) < self._max_batch:
@@ -203,6 +205,17 @@ class Engine:
         for request in admitted:
             self._metrics.queue_time.observe(now - request.created)
         return admitted
+
+    def _gather_arrivals(self) -> None:
+        """Let the requests the API is still handing over join this plan too."""
+        with self._lock:
+            loop = self._waiting[0].sink.loop if self._waiting else None
+        if loop is not None:
+            window = 0.0 if self._running else arrival_window_s(self._pacer.decode_step_s)
+            gather(lambda: len(self._waiting), self._room, loop, window_s=window)
+
+    def _room(self) -> int:
+        return self._max_batch - len(self._running)
 
     def _plan(self, admitted: list[GenerationRequest]) -> PlannedStep:
         """Number the next step, take the pending removes, and broadcast its plan."""

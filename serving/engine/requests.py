@@ -50,14 +50,14 @@ class EventSink:
     """Thread-safe handoff of engine events to one request's asyncio queue."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop  # the handler's event loop (serving/engine/arrivals.py hops through it)
         self.queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
 
     def push(self, event: RequestEvent) -> None:
         """Called from the engine thread."""
         # RuntimeError: the loop has closed, nobody is listening any more.
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
 @dataclass

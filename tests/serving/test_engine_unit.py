@@ -282,3 +282,21 @@ async def test_a_request_that_waits_past_its_deadline_times_out(engine: list[Run
     _, end = await collect(running.submit("queued", 2, timeout_s=0.1))
     assert end == Failed("request timed out while waiting", "timeout")
     assert inserted(running) == [["busy"]]
+
+
+async def test_requests_that_arrive_together_join_the_same_step(engine: list[Running]) -> None:
+    """Four handlers each render their prompt (blocking, as tokenizing does) and submit
+    one after another on the loop while the engine, idle, wakes at the first: all four
+    are inserted by one plan, not the first alone (serving/engine/arrivals.py)."""
+    running = start(engine, step_s=0.01)
+    await asyncio.sleep(0.05)  # idle
+
+    async def handler(rid: str) -> EventSink:
+        await asyncio.sleep(0)
+        time.sleep(0.004)  # rendering and tokenizing the prompt
+        return running.submit(rid, max_tokens=2)
+
+    sinks = await asyncio.gather(*(handler(f"r{i}") for i in range(4)))
+    for sink in sinks:
+        await collect(sink)
+    assert inserted(running)[0] == ["r0", "r1", "r2", "r3"]
