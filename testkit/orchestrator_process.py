@@ -180,6 +180,15 @@ def running(
         orchestrator.stop()
 
 
+def gateway_status(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """The gateway's /status: what `status --json` prints, without starting a Python (2-3 s
+    of CPU that a poll loop takes from the ranks it waits for); {} while it does not answer."""
+    try:
+        return dict(httpx.get(f"{url}/status", headers=headers, timeout=5.0).json())
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
 def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120.0
 ) -> subprocess.CompletedProcess[str]:

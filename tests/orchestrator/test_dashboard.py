@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from testkit import require
-from testkit.orchestrator_process import run_cli, running, write_cluster
+from testkit.orchestrator_process import gateway_status, run_cli, running, write_cluster
 from testkit.ports import free_port
 from testkit.require import missing
 
@@ -138,7 +138,7 @@ def test_every_panel_and_rule_evaluates_with_series(
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 time.sleep(0.5)
-                status = json.loads(run_cli("status", str(config), "--json").stdout)
+                status = gateway_status(gateway)
                 if status["state"] == "ready" and status["restarts"] == 1:
                     break
             for _ in range(4):

@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 BUNDLED = "bundled:smollm2-135m-instruct"
 PROMPTS = ["The capital of France is"]
+# Tokens per answer: each a step of 3 ranks on (here) 2 cores, whose collectives busy-poll.
+TOKENS = 6
 # Standby ranks would start (and import MLX) while the test talks to the cluster: off.
 RUNS = ".cache/mlx-cluster-orchestrator/runs/test"  # rank directories, under the node's home
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
@@ -47,7 +49,8 @@ def one_rank_text(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: P
 
 def complete(base_url: str, model: str, prompt: str) -> str:
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="-", max_retries=0, timeout=300)
-    reply = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=TOKENS,
+                                          temperature=0)
     return reply.choices[0].text
 
 

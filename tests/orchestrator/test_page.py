@@ -1,22 +1,80 @@
-"""The status page in a real headless Chromium against a real 3-rank cluster."""
+"""The status page in a real headless Chromium against one real 3-rank cluster: the
+tables, a chat and a restart at a phone's width; then the live charts and the cluster
+drawing under load, and the next restart as a mark."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import threading
+import time
 import tomllib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from orchestrator.config import check_cluster_file
+from orchestrator.loadgen.streams import chat_body, concurrent_streams
+from orchestrator.status.links import record_linktest
 from testkit.chromium import chromium
-from testkit.orchestrator_process import run_cli, running, write_cluster
+from testkit.orchestrator_process import Orchestrator, run_cli, running, write_cluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = pytest.mark.e2e
 KEY = "page-key-1"
+ENV = {"PAGE_TEST_KEY": KEY}
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+PHONE = {"width": 375, "height": 812}
+SSE_WATCH_S = 6.0  # the rate's bound only; the figure itself: the bench's job
+# Tokens per stream of a load round: a round spans several 3 s samples at 3 oversubscribed
+# ranks, and ending the load waits for the round under way (48 tokens: over a minute).
+ROUND_TOKENS = 12
+
+
+@dataclass
+class Cluster:
+    orchestrator: Orchestrator
+    config: Path
+    url: str
+
+    def kill_rank(self, rank: int) -> None:
+        status = json.loads(run_cli("status", str(self.config), "--json", env=ENV).stdout)
+        os.kill(int(status["ranks"][rank]["pid"]), signal.SIGKILL)
+
+    @contextlib.contextmanager
+    def output_on_failure(self) -> Iterator[None]:
+        """The orchestrator's output with a failing test's report (the cluster outlives it)."""
+        try:
+            yield
+        except BaseException:
+            print("orchestrator output (last 150 lines):\n"
+                  + "\n".join(self.orchestrator.output[-150:]))
+            raise
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path) -> Iterator[Cluster]:
+    """3 local ranks of the bundled model behind an API key, a linktest figure on record;
+    shared by the page's tests (each restart it causes ends READY again)."""
+    tmp = tmp_path_factory.mktemp("page")
+    nodes = [{"name": f"n{i}", "ip": "127.0.0.1"} for i in range(3)]
+    config = write_cluster(
+        tmp, "bundled:smollm2-135m-instruct", nodes,
+        api={"api_key_env": "PAGE_TEST_KEY"},
+        supervisor={"standby_ranks": False, "backoff_initial_s": 1.0},
+    )
+    spec, _ = check_cluster_file(config)
+    record_linktest(spec, [("n0", "n1", 1.234)])  # as a linktest leaves it
+    api = tomllib.loads(config.read_text())["api"]
+    url = f"http://{api['host']}:{api['port']}"
+    with running(config, ENV, url) as orchestrator:
+        yield Cluster(orchestrator, config, url)
 
 
 @pytest.fixture
@@ -25,35 +83,38 @@ def browser() -> Iterator[object]:
         yield launched
 
 
+def keep_screenshots(shots: Path, name: str) -> None:
+    artifacts = Path(os.environ.get("ORCHESTRATOR_TEST_ARTIFACTS", shots.parent / "kept"))
+    shutil.copytree(shots, artifacts / name, dirs_exist_ok=True)
+
+
+def open_page(browser: Any, url: str, viewport: dict[str, int]) -> Any:
+    """The page at `viewport`, given the key it asks for (/status wants it), READY."""
+    page = browser.new_page(viewport=viewport)
+    page.goto(f"{url}/")
+    page.fill("#key", KEY)
+    page.click("#key-form button")
+    page.wait_for_function("document.getElementById('state').textContent === 'READY'")
+    return page
+
+
+@pytest.mark.timeout(420)
 def test_the_page_shows_the_cluster_chats_and_follows_a_restart(
-    browser: object, tmp_path: Path, bundled_model_dir: Path
+    browser: object, cluster: Cluster, tmp_path: Path
 ) -> None:
     """Asks for the key, shows 3 nodes, 3 ranks and READY, streams a chat answer, and after
     a worker is killed shows the restart, its cause, and READY again."""
-    nodes = [{"name": f"n{i}", "ip": "127.0.0.1"} for i in range(3)]
-    config = write_cluster(
-        tmp_path, "bundled:smollm2-135m-instruct", nodes,
-        api={"api_key_env": "PAGE_TEST_KEY"},
-        supervisor={"standby_ranks": False, "backoff_initial_s": 1.0},
-    )
-    api = tomllib.loads(config.read_text())["api"]
-    url = f"http://{api['host']}:{api['port']}"
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    env = {"PAGE_TEST_KEY": KEY}
-    with running(config, env, url):
-        page = browser.new_page(viewport={"width": 390, "height": 844})  # type: ignore[attr-defined]
-        page.goto(f"{url}/")
-        page.fill("#key", KEY)  # /status wants the key: the page asks for it
-        page.click("#key-form button")
-        page.wait_for_function("document.getElementById('state').textContent === 'READY'")
+    with cluster.output_on_failure():
+        page = open_page(browser, cluster.url, {"width": 390, "height": 844})
         assert page.locator("#nodes tbody tr").count() == 3
         assert page.locator("#ranks tbody tr").count() == 3
         assert page.locator("#ranks tbody").inner_text().count("running") == 3
         page.screenshot(path=str(shots / "ready.png"), full_page=True)
 
         prompt = "What is the capital of France?"
-        with page.expect_response(  # type: ignore[attr-defined]
+        with page.expect_response(
             lambda r: r.url.endswith("/v1/chat/completions"), timeout=120_000
         ) as replied:
             page.fill("#prompt", prompt)
@@ -64,8 +125,7 @@ def test_the_page_shows_the_cluster_chats_and_follows_a_restart(
         assert "[error]" not in page.locator("#chat-log").inner_text()
         page.screenshot(path=str(shots / "chat.png"), full_page=True)
 
-        status = json.loads(run_cli("status", str(config), "--json", env=env).stdout)
-        os.kill(int(status["ranks"][1]["pid"]), signal.SIGKILL)
+        cluster.kill_rank(1)
         page.wait_for_function("document.getElementById('state').textContent !== 'READY'")
         page.screenshot(path=str(shots / "restarting.png"), full_page=True)
         page.wait_for_function(
@@ -74,8 +134,7 @@ def test_the_page_shows_the_cluster_chats_and_follows_a_restart(
         history = page.locator("#history tbody").inner_text()
         assert "rank_crashed" in history and "SIGKILL" in history
         page.screenshot(path=str(shots / "ready-again.png"), full_page=True)
-    artifacts = Path(os.environ.get("ORCHESTRATOR_TEST_ARTIFACTS", tmp_path / "kept"))
-    shutil.copytree(shots, artifacts / "page", dirs_exist_ok=True)
+    keep_screenshots(shots, "page")
 
 
 # The chat log holds "> prompt\n" then the streamed answer: true once that has 3 words
@@ -86,3 +145,101 @@ ANSWERED = """asked => {
   const words = answer.split(/\\s+/).filter(w => /\\p{L}/u.test(w));
   return words.length >= 3 && !log.includes('[error]');
 }"""
+
+
+@contextlib.contextmanager
+def load(url: str) -> Iterator[list[int]]:
+    """Rounds of 3 concurrent streamed chats through the gateway, until the block ends;
+    yields [rounds done, streams failed]."""
+    counts, stop = [0, 0], threading.Event()
+
+    def rounds() -> None:
+        while not stop.is_set():
+            bodies = [chat_body("smollm2-135m-instruct", f"[{counts[0]}-{i}] Tell a story.",
+                                ROUND_TOKENS)
+                      for i in range(3)]
+            times, _wall = concurrent_streams(url, bodies, headers=HEADERS, timeout_s=300)
+            counts[0] += 1
+            counts[1] += sum(1 for t in times if t.error)
+
+    thread = threading.Thread(target=rounds, daemon=True)
+    thread.start()
+    try:
+        yield counts
+    finally:
+        stop.set()
+        thread.join(300)
+
+
+def sse_bytes_per_second(url: str, seconds: float) -> float:
+    """What one watching page receives from /status/live, per second, past its history."""
+    received = 0
+    with httpx.stream("GET", f"{url}/status/live", headers=HEADERS, timeout=30) as reply:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        chunks = reply.iter_bytes()
+        next(chunks)  # the history: once per page load
+        start = time.monotonic()
+        for chunk in chunks:
+            received += len(chunk)
+            if time.monotonic() - start > seconds:
+                break
+        return received / (time.monotonic() - start)
+
+
+@pytest.mark.timeout(600)
+def test_charts_move_under_load_and_mark_a_restart(
+    browser: object, cluster: Cluster, tmp_path: Path
+) -> None:
+    """At 375 px: no horizontal scroll; the drawing shows 3 nodes, their share and the
+    linktest's GB/s; tokens/s, TTFT and running requests go up while requests run and the
+    canvases change; a killed rank appears as a restart mark."""
+    url = cluster.url
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with cluster.output_on_failure():
+        page = open_page(browser, url, PHONE)
+        page.wait_for_function("samples.length >= 2", timeout=30_000)  # the SSE stream flows
+        drawing = page.locator("#drawing").inner_html()
+        assert drawing.count("<rect") == 3 and "1.23 GB/s" in drawing
+        assert "not measured" in drawing and "1/3 of every layer" in drawing
+        idle = page.evaluate("document.querySelector('#chart-tps canvas').toDataURL()")
+        assert no_horizontal_scroll(page)
+        page.screenshot(path=str(shots / "charts-idle.png"), full_page=True)
+
+        before = page.evaluate("samples.length")  # the history holds the earlier test's chat
+        with load(url) as counts:
+            page.wait_for_function(
+                "n => { const s = samples.slice(n); return s.some((p) => p.tokens_per_s > 0)"
+                " && s.some((p) => p.running > 0) && s.some((p) => p.ttft_p50_s > 0); }",
+                arg=before, timeout=180_000)
+            page.wait_for_timeout(4000)  # one more sample drawn
+            page.screenshot(path=str(shots / "charts-load.png"), full_page=True)
+        assert counts[0] >= 1 and counts[1] == 0  # rounds done, streams failed
+        busy = page.evaluate("document.querySelector('#chart-tps canvas').toDataURL()")
+        assert busy != idle
+        assert "tokens/s" in page.locator("#chart-tps figcaption").inner_text()
+        assert no_horizontal_scroll(page)
+
+        rate = sse_bytes_per_second(url, SSE_WATCH_S)
+        status_bytes = len(httpx.get(f"{url}/status", headers=HEADERS).content)
+        print(f"\nSSE /status/live: {rate:.0f} B/s; /status poll: {status_bytes} B every 2 s "
+              f"({status_bytes / 2:.0f} B/s)")
+        assert 0 < rate < 1000
+
+        # Counted from here: the page's history holds the earlier test's restart too.
+        marked, sampled = page.evaluate("[marks.length, samples.length]")
+        cluster.kill_rank(1)
+        page.wait_for_function("n => marks.length > n", arg=marked, timeout=60_000)
+        page.wait_for_function("n => samples.slice(n).some((p) => p.state !== 'ready')",
+                               arg=sampled, timeout=60_000)
+        page.wait_for_function(
+            "document.getElementById('state').textContent === 'READY'", timeout=240_000)
+        page.wait_for_timeout(4000)
+        page.screenshot(path=str(shots / "charts-restart.png"), full_page=True)
+    keep_screenshots(shots, "page-charts")
+
+
+def no_horizontal_scroll(page: object) -> bool:
+    return bool(page.evaluate(  # type: ignore[attr-defined]
+        "document.documentElement.scrollWidth <= window.innerWidth"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testkit.orchestrator_process import run_cli, running, write_cluster
+from testkit.orchestrator_process import gateway_status, run_cli, running, write_cluster
 from testkit.waiting import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -64,8 +64,8 @@ def test_pipeline_placement_serves_and_recovers_a_killed_rank(tmp_path: Path) ->
         os.kill(ranks[1], signal.SIGKILL)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            now = status(config)
-            if now["state"] == "ready" and now["restarts"] == 1:
+            now = gateway_status(url)  # what status --json shows, without a CLI per poll
+            if now.get("state") == "ready" and now["restarts"] == 1:
                 break
             time.sleep(1)
         else:

@@ -1,5 +1,5 @@
 """A worker host that goes to sleep under load (every link down, every process stopped)
-for 60 s, then wakes: waited for, serving again, and not one restart spent."""
+for 30 s, then wakes: waited for, serving again, and not one restart spent."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from testkit.orchestrator_process import run_cli, running, write_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-ASLEEP_S = 60.0  # the issue's figure: longer than five reconnects with backoff used to take
+# The issue's figure was 60 s; 30 s keeps 18 s or more of `waiting` after it shows
+# (~11.5 s in), a reconnect failing every 2 s without a restart spent: the old behaviour
+# spent one on the first and, with max_restarts = 2 and 0.5 s backoff, failed within ~5 s.
+ASLEEP_S = 30.0
 REQUEST_TIMEOUT_S = 30.0
 SETTINGS = {
     "serving": {"request_timeout_s": REQUEST_TIMEOUT_S},
@@ -26,7 +29,7 @@ SETTINGS = {
         "backoff_initial_s": 0.5,
         "stop_grace_s": 2.0,
         "launch_timeout_s": 120.0,
-        "max_restarts": 2,  # the old behaviour would have failed the cluster well within 60 s
+        "max_restarts": 2,  # the old behaviour would have failed the cluster well within 30 s
         "node_wait_s": 300.0,
         "standby_ranks": False,
     },
@@ -64,10 +67,10 @@ def state_metric(url: str) -> str:
     )
 
 
-def test_a_worker_asleep_for_60_s_is_waited_for_and_serves_again(
+def test_a_worker_asleep_for_30_s_is_waited_for_and_serves_again(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    """Host 1 frozen for 60 s under load: `waiting for node h1: unreachable since ...` in
+    """Host 1 frozen for 30 s under load: `waiting for node h1: unreachable since ...` in
     /status and /metrics, serving again once it wakes, restart budget untouched."""
     net = netns_hosts(2, "switch")
     config = write_cluster(tmp_path, str(tiny_model_dir), [net.node(0), net.node(1)],
@@ -90,7 +93,7 @@ def test_a_worker_asleep_for_60_s_is_waited_for_and_serves_again(
                         reason = str(seen["reason"])
                     time.sleep(0.2)
                 assert waiting_at is not None, (seen, orchestrator.text[-3000:])
-                assert seen.get("state") == "waiting", seen  # still, after 60 s
+                assert seen.get("state") == "waiting", seen  # still, after 30 s
             finally:
                 thaw(net, 1, pids)
             woke_at = time.monotonic()

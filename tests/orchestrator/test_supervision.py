@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.orchestrator_process import (
     Orchestrator,
+    gateway_status,
     run_cli,
     wait_no_launch,
     write_cluster,
@@ -50,7 +50,7 @@ class Cluster:
         )
 
     def status(self) -> dict[str, Any]:
-        return dict(json.loads(run_cli("status", str(self.config), "--json").stdout))
+        return gateway_status(self.url)  # as `status --json`; polled, so not through the CLI
 
     def rank_pid(self, rank: int) -> int:
         return int(self.status()["ranks"][rank]["pid"])

@@ -184,18 +184,19 @@ def test_health_needs_no_key(smollm_cluster: Cluster) -> None:
 def test_bench_measures_the_cluster(smollm_cluster: Cluster) -> None:
     """`orchestrator bench --json` streams through the gateway: every stream done, sane figures."""
     result = run_cli("bench", str(smollm_cluster.config), "--json", "--streams", "2",
-                     "--tokens", "12", "--prompt-tokens", "100", env=KEY_ENV, timeout=300)
+                     "--tokens", "6", "--prompt-tokens", "100", env=KEY_ENV, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(result.stdout)
     assert figures["errors"] == 0 and figures["error_messages"] == []
-    assert figures["streams"] == 2 and 2 <= figures["tokens"] <= 2 * 12
+    assert figures["streams"] == 2 and 2 <= figures["tokens"] <= 2 * 6
     assert 50 <= figures["prompt_tokens"] <= 200  # the server's count of "about 100"
     ttft, gap = figures["ttft_s"], figures["inter_token_s"]
     assert 0 < ttft["p50"] <= ttft["p99"] <= ttft["max"] < figures["wall_s"]
     assert 0 < gap["p50"] <= gap["p99"] < 30
     assert figures["tokens_per_s"] == pytest.approx(figures["tokens"] / figures["wall_s"])
-    table = run_cli("bench", str(smollm_cluster.config), "--streams", "1", "--tokens", "4",
-                    env=KEY_ENV, timeout=300)
+    # The table's run: its shape only (the cluster is warm from the run above).
+    table = run_cli("bench", str(smollm_cluster.config), "--streams", "1", "--tokens", "2",
+                    "--prompt-tokens", "16", "--no-warmup", env=KEY_ENV, timeout=300)
     assert table.returncode == 0 and "TTFT" in table.stdout and "tokens/s" in table.stdout
 
 
@@ -346,8 +347,9 @@ def test_a_request_through_the_gateway_wakes_idle_workers(
         return time.monotonic() - started
 
     with running(config, url=url):
-        slept = [after_idle(direct, rank0_headers(config)) for _ in range(2)]
-        woken = [after_idle(url, {}) for _ in range(3)]
+        # Each try costs a keepalive and a sleep (~3.5 s); the sleep's end is deterministic.
+        slept = [after_idle(direct, rank0_headers(config))]
+        woken = [after_idle(url, {}) for _ in range(2)]
     assert min(slept) > 0.8, slept  # the sleep is real: the test can tell
     assert max(woken) < 0.5, woken
 

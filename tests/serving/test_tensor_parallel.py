@@ -42,6 +42,11 @@ PROCESSED = {
 # plain mlx-lm (sums split across ranks, OpenBLAS or not); a wrong one is off by far more.
 LOGPROB_TOL = 1e-3
 BIASED = 42  # a +100 logit_bias makes greedy decoding pick it with probability ~1
+# Tokens per answer: several decode steps over the sharded KV cache each. Ranks beyond the
+# cores busy-poll each other's collectives (2 per layer per step): a step of SmolLM2 at 3
+# ranks on 2 cores takes ~1.5 s, of the tiny model at 4 ranks ~0.2 s.
+BUNDLED_TOKENS = 6
+TINY_TOKENS = 12
 
 
 def chat_body(url: str, messages: list[dict[str, str]], max_tokens: int,
@@ -138,23 +143,33 @@ def test_three_ranks_match_one_rank_on_bundled_model(
     equal the 1-rank run's, which are plain mlx-lm's; so do a seeded sample through every
     logits processor and a second turn from the prefix cache. The 3 ranks agree on one
     prefix cache bound though each computes another."""
-    single = greedy_outputs(tmp_path / "r1", bundled_quantized_dir, 1, 10)
-    assert_plain_mlx_lm(bundled_quantized_dir, single, 10)
+    single = greedy_outputs(tmp_path / "r1", bundled_quantized_dir, 1, BUNDLED_TOKENS)
+    assert_plain_mlx_lm(bundled_quantized_dir, single, BUNDLED_TOKENS)
     # Ranks told they share the machine with 3, 4 and 5 ranks size different prefix caches
     # on their own; all_min makes them agree (or their evictions, and batches, would part).
     sharing = [{rank_env.RANKS_ON_MACHINE: str(n)} for n in (3, 4, 5)]
-    three = greedy_outputs(tmp_path / "r3", bundled_quantized_dir, 3, 10, sharing)
+    three = greedy_outputs(tmp_path / "r3", bundled_quantized_dir, 3, BUNDLED_TOKENS, sharing)
     assert three.outputs == single.outputs
     assert_close(three.logprobs, single.logprobs)
 
 
+@pytest.fixture(scope="module")
+def tiny_single(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Served:
+    """The tiny Llama's 1-rank answers, checked against plain mlx-lm: once for every rank
+    count compared with them."""
+    single = greedy_outputs(tmp_path_factory.mktemp("r1"), tiny_model_dir, 1, TINY_TOKENS)
+    assert_plain_mlx_lm(tiny_model_dir, single, TINY_TOKENS)
+    return single
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_tiny_model_matches_one_rank(tmp_path: Path, tiny_model_dir: Path, ranks: int) -> None:
+def test_tiny_model_matches_one_rank(
+    tmp_path: Path, tiny_model_dir: Path, tiny_single: Served, ranks: int
+) -> None:
     """The random tiny Llama at 2 and 4 ranks: greedy output and logprobs equal the 1-rank
     run's, which are plain mlx-lm's."""
-    single = greedy_outputs(tmp_path / "r1", tiny_model_dir, 1, 24)
-    assert_plain_mlx_lm(tiny_model_dir, single, 24)
-    many = greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, 24)
+    single = tiny_single
+    many = greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, TINY_TOKENS)
     assert many.outputs == single.outputs
     assert_close(many.logprobs, single.logprobs)
 
