@@ -69,6 +69,6 @@ def test_pipeline_placement_serves_and_recovers_a_killed_rank(tmp_path: Path) ->
                 break
             time.sleep(1)
         else:
-            raise AssertionError(f"not ready again after the kill:\n{orchestrator.text()[-3000:]}")
+            raise AssertionError(f"not ready again after the kill:\n{orchestrator.text[-3000:]}")
         assert "rank_crashed" in str(now["last_cause"]) or "peer_lost" in str(now["last_cause"])
         assert answer(url) == before
