@@ -12,7 +12,7 @@ import msgspec
 ParallelMode = Literal["tensor", "pipeline"]
 # Architectures mlx-lm cannot pipeline as it stands, for which serving/model/ has an
 # adapter in mlx-lm's own PipelineMixin pattern.
-PIPELINE_ADAPTERS = ("llama",)
+PIPELINE_ADAPTERS = ("llama", "qwen3")
 
 
 class RankShare(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -1,4 +1,5 @@
-"""A tiny random-weight Llama in mlx-lm format, for fast tests of loading and serving.
+"""A tiny random-weight Llama (or dense Qwen3) in mlx-lm format, for fast tests of
+loading and serving.
 
 It uses the bundled model's tokenizer (chat template, special tokens and all), so code
 under test sees a real tokenizer while the forward pass costs almost nothing. Its output
@@ -40,11 +41,15 @@ def write_tiny_model(
     hidden_size: int = 64,
     seed: int = 0,
     model_cache_dir: Path | None = None,
+    model_type: str = "llama",
 ) -> Path:
     """Write a random-weight Llama into `dest` (created if needed) and return `dest`.
 
     `model_cache_dir` is where the bundled model (the tokenizer's source) is converted;
-    None means the default cache."""
+    None means the default cache. `model_type` "qwen3" writes a dense Qwen3 instead (its
+    attention adds per-head q/k norms)."""
+    if model_type not in ("llama", "qwen3"):
+        raise ValueError(f"model_type {model_type!r}: the tiny model is 'llama' or 'qwen3'")
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError(
             f"hidden_size {hidden_size} must divide by num_heads {num_heads}, "
@@ -56,6 +61,9 @@ def write_tiny_model(
     for name in TOKENIZER_FILES:
         shutil.copyfile(source / name, dest / name)
     config = _config(source_config, num_heads, num_kv_heads, num_layers, hidden_size)
+    if model_type == "qwen3":
+        config |= {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+                   "head_dim": hidden_size // num_heads}
     weights = _random_weights(config, _control_token_ids(source), seed)
     _save(dest, config, weights)
     return dest
@@ -127,6 +135,9 @@ def _random_weights(
     for i in range(config["num_hidden_layers"]):
         for norm in ("input_layernorm", "post_attention_layernorm"):
             weights[f"model.layers.{i}.{norm}.weight"] = mx.ones((hidden,))
+        if config["model_type"] == "qwen3":
+            for norm in ("q_norm", "k_norm"):
+                weights[f"model.layers.{i}.self_attn.{norm}.weight"] = mx.ones((head_dim,))
     weights["model.norm.weight"] = mx.ones((hidden,))
     return weights
 

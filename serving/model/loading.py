@@ -130,12 +130,10 @@ def _load_pipeline(
 
 
 def _model_classes(config: dict[str, Any]) -> tuple[type[nn.Module], type]:
-    """mlx-lm's own classes, but llama's pipeline adapter for llama models."""
+    """mlx-lm's own classes, but our pipeline adapters for llama and dense qwen3."""
     from mlx_lm.utils import _get_classes
 
-    model_class, args_class = _get_classes(config)
-    if model_class.__module__ == "mlx_lm.models.llama":
-        from serving.model.pipeline_llama import Model
+    from serving.model.pipeline_dense import ADAPTERS
 
-        return Model, args_class
-    return model_class, args_class
+    model_class, args_class = _get_classes(config)
+    return ADAPTERS.get(model_class.__module__, model_class), args_class

@@ -1,5 +1,5 @@
-"""Pipeline-parallel ranks (each a range of layers, mlx-lm's PipelineMixin; llama through
-serving/model/pipeline_llama.py) produce exactly the 1-rank output: greedy, a seeded
+"""Pipeline-parallel ranks (each a range of layers, mlx-lm's PipelineMixin; llama and dense
+qwen3 through serving/model/pipeline_dense.py) produce exactly the 1-rank output: greedy, a seeded
 sample through every logits processor with logprobs, and a second turn from the prefix
 cache."""
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serving.model.bundled import default_cache_dir
 from testkit.rank_cluster import rank_cluster
+from testkit.tiny_model import write_tiny_model
 from testkit.waiting import metric_value
 from tests.serving.test_tensor_parallel import PROCESSED  # every logits processor at once
 
@@ -64,6 +66,17 @@ def test_two_rank_pipeline_matches_one_rank(tmp_path: Path, bundled_quantized_di
     ranks with an uneven split (rank 0 the last 20 layers, rank 1 the first 10)."""
     single = outputs(tmp_path / "r1", bundled_quantized_dir, None)
     assert outputs(tmp_path / "p2", bundled_quantized_dir, [20, 10]) == single
+
+
+def test_qwen3_pipeline_matches_one_rank(tmp_path: Path, bundled_quantized_dir: Path) -> None:
+    """A tiny random dense qwen3 (q/k norms in attention; mlx-lm has no pipeline for it)
+    in float32 at 2 pipeline ranks, rank 0 the last 3 of 4 layers. `bundled_quantized_dir`:
+    the tokenizer's source, converted once."""
+    model = write_tiny_model(tmp_path / "qwen3", model_type="qwen3", num_layers=4,
+                             model_cache_dir=default_cache_dir())
+    single = outputs(tmp_path / "r1", model, None)
+    assert single[0]["text"]
+    assert outputs(tmp_path / "p2", model, [3, 1]) == single
 
 
 def _rounded(logprob: float | None) -> float | None:

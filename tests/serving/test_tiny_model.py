@@ -1,4 +1,5 @@
-"""The tiny random Llama: deterministic, generates, and shards over real ring ranks."""
+"""The tiny random Llama: deterministic, generates, and shards over real ring ranks; its
+dense qwen3 variant loads through the pipeline adapter."""
 
 from __future__ import annotations
 
@@ -127,3 +128,23 @@ def run_ring_ranks(workdir: Path, world_size: int, args: list[str]) -> list[dict
     return [json.loads(out) for out in outputs]
 
 
+
+
+def test_tiny_qwen3_loads_through_the_pipeline_adapter(
+    tmp_path: Path, bundled_quantized_dir: Path
+) -> None:
+    """The tiny dense qwen3 loads as mlx-lm's qwen3 does, and through the pipeline adapter
+    (serving/model/pipeline_dense.py) as one stage it computes the same logits."""
+    import mlx.core as mx
+    from mlx_lm.utils import load_model
+
+    from serving.model.loading import _model_classes
+
+    model_dir = write_tiny_model(tmp_path / "q", model_type="qwen3", num_layers=4,
+                                 model_cache_dir=default_cache_dir())
+    reference, _ = load_model(model_dir)
+    adapted, config = load_model(model_dir, get_model_classes=_model_classes)
+    assert config["model_type"] == "qwen3" and type(adapted).__module__.startswith("serving.")
+    adapted.model.pipeline(mx.distributed.init(), [4])
+    tokens = mx.array([[1, 50, 300, 7]])
+    assert mx.array_equal(reference(tokens), adapted(tokens)).item()
