@@ -9,8 +9,11 @@ STEPS = "serving_steps"  # counter
 GENERATION_TOKENS = "serving_generation_tokens"  # counter
 LAST_STEP_TIMESTAMP = "serving_last_step_timestamp_seconds"
 TIME_TO_FIRST_TOKEN = "serving_time_to_first_token_seconds"  # histogram
+DRAFT_TOKENS = "serving_spec_draft_tokens"  # counter: drafts verified (speculative decoding)
+ACCEPTED_TOKENS = "serving_spec_accepted_tokens"  # counter: drafts the model kept
+ACCEPTANCE_RATE = "serving_spec_acceptance_rate"  # accepted / drafted since start
 
-COUNTERS = frozenset({STEPS, GENERATION_TOKENS})
+COUNTERS = frozenset({STEPS, GENERATION_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS})
 
 
 def sample_name(metric: str) -> str:

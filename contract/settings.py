@@ -59,6 +59,9 @@ class ModelSettings(Section):
         return self.path.removeprefix("bundled:").rstrip("/").rsplit("/", 1)[-1]
 
 
+MAX_DRAFT_TOKENS = 16  # verifying more per step costs more than a match that long saves
+
+
 class ServingSettings(Section):
     max_batch_size: PositiveInt = 8  # sequences decoded together (continuous batching)
     max_tokens_default: PositiveInt = 512  # when a request gives no max_tokens
@@ -85,6 +88,10 @@ class ServingSettings(Section):
     prompt_cache_gb: Annotated[float, Meta(ge=0)] | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
+    # Speculative decoding while one greedy request runs alone: "prompt_lookup" drafts
+    # from the prompt and text so far (serving/engine/speculative.py).
+    speculative: Literal["off", "prompt_lookup"] = "off"
+    num_draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] = 4  # drafts per step
 
 
 class RankSettings(Section):

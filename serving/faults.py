@@ -4,6 +4,8 @@
 Syntax (several faults separated by ","):
 
     desync:rank=R:step=N          rank R perturbs its batch fingerprint at step N
+    misaccept:rank=R:step=N       rank R counts the drafts it accepts at step N one off
+                                  (a speculative step: serving/engine/speculative.py)
     exit:rank=R:step=N[:code=C]   rank R exits with code C (default INJECTED_FAULT) at step N
     hang:rank=R:step=N            rank R stops making progress at step N (sleeps forever)
     exit_on_load:rank=R[:code=C]  rank R exits before loading the model
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from contract.exit_codes import RankExit
 from contract.rank_env import FAULT, FAULT_FILE
 
-KINDS = ("desync", "exit", "hang", "exit_on_load", "hang_on_load", "ebusy")
+KINDS = ("desync", "misaccept", "exit", "hang", "exit_on_load", "hang_on_load", "ebusy")
 
 # Modelled on MLX's JACCL message when ibv_create_qp fails with EBUSY (mlx PR #4209).
 EBUSY_LINE = (
@@ -73,7 +75,7 @@ def _parse_one(text: str) -> Fault:
         values[key] = int(raw)
     if "rank" not in values:
         raise FaultSpecError(f"fault {text!r} needs rank=R")
-    if kind in ("desync", "exit", "hang") and "step" not in values:
+    if kind in ("desync", "misaccept", "exit", "hang") and "step" not in values:
         raise FaultSpecError(f"fault {text!r} needs step=N")
     return Fault(kind, values["rank"], values.get("step"), values.get("code"))
 
@@ -120,6 +122,10 @@ class FaultPlan:
     def desync_at(self, step: int) -> bool:
         """Whether this rank should perturb its fingerprint at `step`."""
         return any(f.kind == "desync" and f.step == step for f in self._faults)
+
+    def misaccept_at(self, step: int) -> bool:
+        """Whether this rank should count its accepted drafts wrong at `step`."""
+        return any(f.kind == "misaccept" and f.step == step for f in self._faults)
 
 
 def _hang(where: str) -> None:

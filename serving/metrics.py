@@ -77,6 +77,21 @@ class ServingMetrics:
         for reason in ("stop", "length"):  # exported at 0 before the first finish
             self.requests_finished.labels(finish_reason=reason)
         self._memory_gauges(r)
+        self._speculation(r)
+
+    def _speculation(self, r: CollectorRegistry) -> None:
+        self.draft_tokens = Counter(
+            metric_names.DRAFT_TOKENS, "Draft tokens verified (speculative decoding)",
+            registry=r)
+        self.accepted_tokens = Counter(
+            metric_names.ACCEPTED_TOKENS, "Draft tokens the model accepted", registry=r)
+        rate = Gauge(
+            metric_names.ACCEPTANCE_RATE, "Accepted / drafted tokens since start (0: none)",
+            registry=r)
+        rate.set_function(lambda: (
+            self.accepted_tokens._value.get() / drafted
+            if (drafted := self.draft_tokens._value.get()) else 0.0
+        ))
 
     def _memory_gauges(self, r: CollectorRegistry) -> None:
         self.prefix_cache_bytes = Gauge(

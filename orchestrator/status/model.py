@@ -63,6 +63,8 @@ class ServingStatus(Struct, kw_only=True):
     generation_tokens_total: int = 0
     tokens_per_second: float = 0.0
     ttft_p50_s: float | None = None  # time to first token, median since rank 0 started
+    draft_tokens_total: int = 0  # speculative decoding: drafts verified since rank 0 started
+    accepted_tokens_total: int = 0  # ... and drafts kept
 
 
 class RestartEntry(Struct, kw_only=True):

@@ -141,4 +141,6 @@ def _serving(snapshot: SupervisorSnapshot) -> ServingStatus:
         generation_tokens_total=int(sample.generation_tokens),
         tokens_per_second=snapshot.tokens_per_second,
         ttft_p50_s=sample.ttft_p50_s,
+        draft_tokens_total=int(sample.draft_tokens),
+        accepted_tokens_total=int(sample.accepted_tokens),
     )

@@ -99,10 +99,15 @@ def _share(share: RankShare) -> str:
 
 def _serving_line(status: ClusterStatus) -> Text:
     serving = status.serving
+    drafts = serving.draft_tokens_total
+    speculation = (
+        f", drafts accepted {serving.accepted_tokens_total}/{drafts} "
+        f"({serving.accepted_tokens_total / drafts:.0%})" if drafts else ""
+    )
     return Text(
         f"serving: {serving.requests_running} running, {serving.requests_waiting} waiting, "
         f"{serving.generation_tokens_total} tokens generated, "
-        f"{serving.tokens_per_second:.1f} tokens/s"
+        f"{serving.tokens_per_second:.1f} tokens/s{speculation}"
     )
 
 

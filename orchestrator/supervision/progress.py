@@ -22,6 +22,8 @@ class ServingSample:
     running: float = 0.0
     waiting: float = 0.0
     generation_tokens: float = 0.0
+    draft_tokens: float = 0.0  # speculative decoding: drafts verified, and kept
+    accepted_tokens: float = 0.0
     ttft_p50_s: float | None = None  # from rank 0's histogram, over its whole life
     # The TTFT histogram itself, cumulative (upper bound, count): the page's charts take
     # quantiles over a recent window from the difference of two samples.
@@ -77,6 +79,8 @@ def parse_sample(metrics_text: str) -> ServingSample:
         running=value(metric_names.REQUESTS_RUNNING),
         waiting=value(metric_names.REQUESTS_WAITING),
         generation_tokens=value(metric_names.GENERATION_TOKENS),
+        draft_tokens=value(metric_names.DRAFT_TOKENS),
+        accepted_tokens=value(metric_names.ACCEPTED_TOKENS),
         ttft_p50_s=median_of_histogram(ttft),
         ttft_buckets=ttft,
     )

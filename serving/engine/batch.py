@@ -155,10 +155,14 @@ class MirroredBatch:
         ]
         for r in responses:
             if r.finish_reason is not None:
-                self.active.pop(r.uid, None)
-                if self.prompt_cache is not None and r.prompt_cache is not None:
-                    self.prompt_cache.insert_cache("model", list(r.all_tokens), r.prompt_cache)
+                self.finished(r.uid, r.all_tokens, r.prompt_cache)
         return events
+
+    def finished(self, uid: int, all_tokens: list[int] | None, cache: list[Any] | None) -> None:
+        """A sequence the generator dropped: its KV goes to the prefix cache."""
+        self.active.pop(uid, None)
+        if self.prompt_cache is not None and cache is not None and all_tokens is not None:
+            self.prompt_cache.insert_cache("model", list(all_tokens), cache)
 
     def close(self) -> None:
         self.generator.close()

@@ -20,6 +20,7 @@ from serving.engine.batch import MirroredBatch, TokenEvent, digest_ints
 from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.requests import Failed, GenerationRequest
 from serving.engine.running import RunningRequest
+from serving.engine.speculative import Speculator
 from serving.engine.step_plan import Insert, PlanChannel, PlanKind, StepPlan
 from serving.faults import FaultPlan
 from serving.metrics import ServingMetrics
@@ -58,6 +59,7 @@ class Engine:
         metrics: ServingMetrics,
         pacer: PrefillPacer,
         comm_profile: bool = False,
+        speculator: Speculator | None = None,
     ) -> None:
         self._batch = batch
         self._pacer = pacer
@@ -69,6 +71,7 @@ class Engine:
         self._faults = faults
         self._metrics = metrics
         self._comm_profile = comm_profile
+        self._spec = speculator  # None: speculative decoding off
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._waiting: collections.deque[GenerationRequest] = collections.deque()
@@ -224,8 +227,13 @@ class Engine:
         removes, self._removes = self._removes, []
         plan = StepPlan(
             PlanKind.STEP, self._step_id, self._fingerprint, self._last_digest,
-            self._last_step_done, self._prefill_chunk(admitted, removes), inserts, removes,
+            self._last_step_done, self._prefill_chunk(admitted, removes),
+            inserts=inserts, removes=removes,
         )
+        if self._spec is not None:
+            running = [r.request.params for uid, r in self._running.items() if uid not in removes]
+            plan.draft_slots = self._spec.slots_for(running, bool(admitted or removes))
+            plan.accepted = self._spec.last_accepted
         return PlannedStep(plan, admitted, self._broadcast(plan))
 
     def _prefill_chunk(self, admitted: list[GenerationRequest], removes: list[int]) -> int:
@@ -240,6 +248,7 @@ class Engine:
         self._faults.on_step(step_id)
         started = time.perf_counter()
         self._broadcast_payload(planned.payload)
+        drafts = self._propose(planned.plan)
         self._apply(planned)
         self._fingerprint = self._batch.fingerprint(perturb=self._faults.desync_at(step_id))
         if self._busy_after_this_step():
@@ -248,8 +257,10 @@ class Engine:
             self._planned = None
             self._broadcast(StepPlan(PlanKind.PAUSE))
         with self._batch.stats() as work:
-            events = self._batch.step(planned.plan.prefill_chunk)
-        self._pacer.observe(time.perf_counter() - started, work.prompt_tokens, work.prompt_time)
+            events = self._run(planned.plan, drafts)
+        if not drafts:  # a verifying step is no decode step: the pacer times those
+            self._pacer.observe(
+                time.perf_counter() - started, work.prompt_tokens, work.prompt_time)
         self._last_digest = digest_ints([v for e in events for v in (e.uid, e.token)])
         self._last_step_done = step_id
         self._dispatch(events)
@@ -257,10 +268,25 @@ class Engine:
         self._metrics.step_duration.observe(time.perf_counter() - started)
         self._metrics.steps.inc()
         self._metrics.last_step.set(now)
-        self._metrics.batch_size.set(len(events))
+        sequences = len({e.uid for e in events})  # a verifying step emits several tokens
+        self._metrics.batch_size.set(sequences)
         if events:
-            self._metrics.batch_size_hist.observe(len(events))
+            self._metrics.batch_size_hist.observe(sequences)
         self._metrics.requests_running.set(len(self._running))
+
+    def _propose(self, plan: StepPlan) -> list[int]:
+        """Speculation: this step's drafts, sent to the workers (serving/engine/speculative.py)."""
+        if self._spec is None or not plan.draft_slots:
+            return []
+        return self._spec.propose(self._batch, plan.draft_slots, self._channel)
+
+    def _run(self, plan: StepPlan, drafts: list[int]) -> list[TokenEvent]:
+        if self._spec is None:
+            return self._batch.step(plan.prefill_chunk)
+        if drafts:
+            return self._spec.verify(self._batch, drafts)
+        self._spec.last_accepted = 0
+        return self._batch.step(plan.prefill_chunk)
 
     def _apply(self, planned: PlannedStep) -> None:
         cached_before, hits_before = self._batch.cached_tokens, self._batch.cache_hits

@@ -30,24 +30,37 @@ def make_request_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
     """The sampler for one request: greedy at temperature 0, else seeded categorical."""
     if params.temperature == 0:
         return greedy_sampler  # shared object: the batch samples in one call
-    key = mx.random.key(params.seed)
-    inv_temp = 1.0 / params.temperature
-    top_p = params.top_p
-    top_k = params.top_k if 0 < params.top_k < vocab_size else 0
-    min_p = params.min_p
+    return SeededSampler(params, vocab_size)
 
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        if 0 < top_p < 1.0:
-            logprobs = apply_top_p(logprobs, top_p)
-        if min_p > 0:
-            logprobs = apply_min_p(logprobs, min_p)
-        if top_k:
-            logprobs = apply_top_k(logprobs, top_k)
-        key, subkey = mx.random.split(key)
-        return mx.random.categorical(logprobs * inv_temp, key=subkey)
 
-    return sample
+class SeededSampler:
+    """Categorical sampling after the request's filters, from its own PRNG key (which
+    speculative decoding also draws from: serving/engine/speculative.py)."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+        self.key = mx.random.key(params.seed)
+        self.inv_temp = 1.0 / params.temperature
+        self._top_p = params.top_p
+        self._top_k = params.top_k if 0 < params.top_k < vocab_size else 0
+        self._min_p = params.min_p
+
+    def next_key(self) -> mx.array:
+        self.key, subkey = mx.random.split(self.key)
+        return subkey
+
+    def scaled(self, logprobs: mx.array) -> mx.array:
+        """The logits this request samples from: filtered, then divided by temperature."""
+        if 0 < self._top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self._top_p)
+        if self._min_p > 0:
+            logprobs = apply_min_p(logprobs, self._min_p)
+        if self._top_k:
+            logprobs = apply_top_k(logprobs, self._top_k)
+        return logprobs * self.inv_temp
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        scaled = self.scaled(logprobs)
+        return mx.random.categorical(scaled, key=self.next_key())
 
 
 def make_request_processors(

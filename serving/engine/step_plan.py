@@ -1,12 +1,16 @@
 """The StepPlan: what rank 0 tells every worker about each engine step, and its broadcast.
 
 Wire format, per plan, over `all_sum` (rank 0 contributes the data, workers zeros):
-  1. a fixed 7 x int64 header: kind, step id, payload length, batch fingerprint,
-     token digest, the step whose tokens that digest covers, and the step's prefill
-     chunk (serving/engine/prefill_pacing.py);
+  1. a fixed 9 x int64 header: kind, step id, payload length, batch fingerprint,
+     token digest, the step whose tokens that digest covers, the step's prefill
+     chunk (serving/engine/prefill_pacing.py), the step's draft slots and the drafts
+     rank 0 accepted in the digest's step (serving/engine/speculative.py);
   2. only when the header's payload length is > 0: the msgpack payload (inserts and
-     removes) as uint8.
-So a step whose batch composition is unchanged costs one 56-byte collective.
+     removes) as uint8;
+  3. only when the header's draft slots are > 0: the drafts, 1 + slots int64 (how many
+     drafts, then the drafts), sent at the start of the step: rank 0 proposes them from
+     the text the previous step produced.
+So a step whose batch composition is unchanged costs one 72-byte collective.
 
 While the batch is busy, the plan for step s+1 is queued before step s's forward pass
 (see serving/engine.py): a worker receives it while step s computes and builds step
@@ -23,7 +27,7 @@ import numpy as np
 
 from serving.distributed import PeerLost
 
-HEADER_LEN = 7
+HEADER_LEN = 9
 
 
 class PlanKind(enum.IntEnum):
@@ -67,6 +71,8 @@ class StepPlan(msgspec.Struct):
     token_digest: int = 0  # of the tokens step `digest_step` produced
     digest_step: int = 0  # the latest step rank 0 had finished when it sent this plan
     prefill_chunk: int = 0  # prompt tokens per prefilling sequence this step; 0: the maximum
+    draft_slots: int = 0  # > 0: a drafts message of this many slots follows the payload
+    accepted: int = 0  # drafts rank 0 accepted in step `digest_step` (0: not speculative)
     inserts: list[Insert] = []
     removes: list[int] = []
 
@@ -128,7 +134,7 @@ class PlanChannel:
         payload = encode_payload(plan)
         header = [
             plan.kind, plan.step_id, len(payload), plan.fingerprint, plan.token_digest,
-            plan.digest_step, plan.prefill_chunk,
+            plan.digest_step, plan.prefill_chunk, plan.draft_slots, plan.accepted,
         ]
         self._keep(self._all_sum(mx.array(header, dtype=mx.int64), wait))
         return payload
@@ -155,7 +161,9 @@ class PlanChannel:
 
     def finish_receive(self, pending: mx.array) -> StepPlan:
         header = np.array(pending)
-        kind, step_id, length, fingerprint, digest, digest_step, chunk = (int(v) for v in header)
+        kind, step_id, length, fingerprint, digest, digest_step, chunk, slots, accepted = (
+            int(v) for v in header
+        )
         if kind == 0:  # rank 0 always sends a kind: MLX failed the collective and returned zeros
             raise PeerLost("plan header without rank 0's data: the ring lost a peer")
         payload = PlanPayload()
@@ -163,6 +171,19 @@ class PlanChannel:
             data = self._all_sum(mx.zeros(length, dtype=mx.uint8))
             payload = decode_payload(np.array(data).tobytes())
         return StepPlan(
-            PlanKind(kind), step_id, fingerprint, digest, digest_step, chunk,
+            PlanKind(kind), step_id, fingerprint, digest, digest_step, chunk, slots, accepted,
             payload.inserts, payload.removes,
         )
+
+    def send_drafts(self, drafts: list[int], slots: int) -> None:
+        """Rank 0: the drafts of a step whose header announced `slots` (queued only)."""
+        message = [len(drafts), *drafts, *[0] * (slots - len(drafts))]
+        self._keep(self._all_sum(mx.array(message, dtype=mx.int64), wait=False))
+
+    def receive_drafts(self, slots: int) -> list[int]:
+        """Workers: the drafts rank 0 proposed for this step (possibly none)."""
+        message = np.array(self._all_sum(mx.zeros(slots + 1, dtype=mx.int64))).tolist()
+        count = int(message[0])
+        if not 0 <= count <= slots:
+            raise PeerLost(f"drafts message without rank 0's data (count {count})")
+        return [int(v) for v in message[1 : 1 + count]]

@@ -27,6 +27,8 @@ _FLAGS: dict[str, tuple[str, str, type]] = {
     "model_cache_dir": ("", "model_cache_dir", str),
     "log_level": ("serving", "log_level", str),
     "prompt_cache_size": ("serving", "prompt_cache_size", int),
+    "speculative": ("serving", "speculative", str),
+    "num_draft_tokens": ("serving", "num_draft_tokens", int),
 }
 _ALIASES = {"api_port": ["--port"], "api_host": ["--host"]}
 

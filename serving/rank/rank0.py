@@ -31,6 +31,7 @@ from serving.api.state import ServedModel, ServingState
 from serving.distributed import DistributedEnv
 from serving.engine.engine import Engine
 from serving.engine.prefill_pacing import PrefillPacer
+from serving.engine.speculative import Speculator
 from serving.engine.step_plan import PlanChannel
 from serving.faults import FaultPlan
 from serving.metrics import ServingMetrics
@@ -103,6 +104,8 @@ class Rank0:
             metrics=self.state.metrics,
             pacer=PrefillPacer(batch.max_prefill_chunk, self.settings.serving.prefill_max_slowdown),
             comm_profile=self.settings.serving.comm_profile,
+            speculator=Speculator(self.settings.serving.num_draft_tokens, self.state.metrics)
+            if self.settings.serving.speculative != "off" else None,
         )
         self.peer_watch.before_exit = lambda: engine.fail_all(
             f"engine failed: {RankExit.PEER_LOST.meaning}", ENGINE_ERROR)

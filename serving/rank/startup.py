@@ -14,6 +14,7 @@ from contract.exit_codes import RankExit
 from contract.settings import RankSettings
 from serving.distributed import DistributedEnv, barrier, init_group, is_peer_lost
 from serving.engine.batch import MirroredBatch
+from serving.engine.speculative import SpeculationUnsupported, check_model
 from serving.faults import FaultPlan
 from serving.machine import ranks_on_machine
 from serving.model.loading import LoadedModel, ModelLoadError, load
@@ -51,6 +52,8 @@ def make_batch(
     settings: RankSettings, loaded: LoadedModel, group: mx.distributed.Group
 ) -> MirroredBatch:
     serving = settings.serving
+    if serving.speculative != "off":
+        check_model(loaded.model)  # this rank's layers: every rank refuses alike
     return MirroredBatch(
         loaded.model,
         set(loaded.tokenizer.eos_token_ids),
@@ -115,6 +118,9 @@ def exit_for(exc: BaseException) -> RankExit:
     if isinstance(exc, DistributedInitError):
         log.error("%s", exc)
         return RankExit.DISTRIBUTED_INIT_FAILED
+    if isinstance(exc, SpeculationUnsupported):
+        log.error("%s", exc)
+        return RankExit.CONFIG_ERROR
     if isinstance(exc, ModelLoadError):
         log.error("%s", exc)
         return RankExit.MODEL_LOAD_FAILED

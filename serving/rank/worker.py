@@ -9,7 +9,8 @@ import threading
 from contract.exit_codes import RankExit
 from contract.settings import RankSettings
 from serving.distributed import DistributedEnv
-from serving.engine.batch import MirroredBatch, digest_ints
+from serving.engine.batch import MirroredBatch, TokenEvent, digest_ints
+from serving.engine.speculative import NotSpeculating, verify
 from serving.engine.step_plan import PlanChannel, PlanKind, StepPlan
 from serving.faults import FaultPlan
 from serving.rank.idle_wake import IdleSleep
@@ -24,17 +25,23 @@ class Desync(Exception):
 
 
 def check_plan(
-    plan: StepPlan, expected_step: int, fingerprint: int, digests: dict[int, int]
+    plan: StepPlan, expected_step: int, fingerprint: int, digests: dict[int, int],
+    accepted: dict[int, int] | None = None,
 ) -> None:
-    """Raise Desync when the plan's step id, batch fingerprint or token digest differs
-    from ours. `fingerprint` is our batch right after our latest applied plan; `digests`
-    holds our token digests by step."""
+    """Raise Desync when the plan's step id, batch fingerprint, accepted drafts or token
+    digest differs from ours. `fingerprint` is our batch right after our latest applied
+    plan; `digests` and `accepted` hold ours by step."""
     if plan.step_id != expected_step:
         raise Desync(f"step id rank0={plan.step_id} local={expected_step}")
     if plan.fingerprint != fingerprint:
         raise Desync(
             f"fingerprint after step {expected_step - 1}'s plan "
             f"rank0={plan.fingerprint:016x} local={fingerprint:016x}"
+        )
+    ours = (accepted or {}).get(plan.digest_step, 0)
+    if ours != plan.accepted:
+        raise Desync(
+            f"accepted drafts in step {plan.digest_step} rank0={plan.accepted} local={ours}"
         )
     local = digests.get(plan.digest_step)
     if local != plan.token_digest:
@@ -73,7 +80,7 @@ def run_worker(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     idle = IdleSleep()
     step, fingerprint = 0, batch.fingerprint()
-    digests = {0: 0}  # token digest by step: the latest two
+    digests, accepted = {0: 0}, {0: 0}  # token digest, accepted drafts by step: the latest two
     pending = channel.receive_async()
     while True:
         plan = channel.finish_receive(pending)
@@ -89,16 +96,32 @@ def run_worker(
             pending = channel.receive_async()
             continue
         step += 1
+        drafts = channel.receive_drafts(plan.draft_slots) if plan.draft_slots else []
         try:
-            check_plan(plan, step, fingerprint, digests)
+            check_plan(plan, step, fingerprint, digests, accepted)
+            faults.on_step(step)
+            batch.apply(plan.inserts, plan.removes)
+            fingerprint = batch.fingerprint(perturb=faults.desync_at(step))
+            pending = channel.receive_async()
+            events, kept = worker_step(batch, plan, drafts, faults.misaccept_at(step))
         except Desync as exc:
             log.error("BATCH DESYNC at step %d: %s", step, exc)
             return RankExit.DESYNC
-        faults.on_step(step)
-        batch.apply(plan.inserts, plan.removes)
-        fingerprint = batch.fingerprint(perturb=faults.desync_at(step))
-        pending = channel.receive_async()
-        events = batch.step(plan.prefill_chunk)
         digests = {step - 1: digests[step - 1], step: digest_ints(
             [v for e in events for v in (e.uid, e.token)]
         )}
+        accepted = {step - 1: accepted[step - 1], step: kept}
+
+
+def worker_step(
+    batch: MirroredBatch, plan: StepPlan, drafts: list[int], misaccept: bool
+) -> tuple[list[TokenEvent], int]:
+    """Run one step as rank 0 runs it: verify its drafts, or a normal batch step.
+    Returns the tokens and how many drafts this rank accepted."""
+    if not drafts:
+        return batch.step(plan.prefill_chunk), 0
+    try:
+        verified = verify(batch, drafts, misaccept)
+    except NotSpeculating as exc:
+        raise Desync(str(exc)) from exc
+    return verified.events, verified.accepted

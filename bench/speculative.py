@@ -1,0 +1,171 @@
+"""Benchmark: speculative decoding (prompt lookup) on vs off, side by side in one run.
+
+For each rank count, our ranks are started once with `[serving] speculative = "off"` and
+once with "prompt_lookup", and run the same single-stream workloads: a code edit (a file
+to repeat with one change: what prompt lookup is for) and open-ended chat (where it
+rarely finds a match). Per workload: TTFT, decode tokens/s ((completion tokens - 1) /
+first-to-last chunk), and the acceptance rate (accepted / drafted tokens, from /metrics).
+At 2 ranks a model whose KV heads do not split in 2 (SmolLM2) runs as a pipeline.
+Figures go to bench/results/speculative-<timestamp>.json and a table is printed.
+
+    flock /tmp/mlxco-e2e.lock .venv/bin/python bench/speculative.py --ranks 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from contract.blas import find_openblas  # noqa: E402
+from contract.settings import ModelSettings, RankSettings  # noqa: E402
+from orchestrator.loadgen.streams import chat_body, stream_chat  # noqa: E402
+from serving.model.loading import resolve  # noqa: E402
+from testkit.rank_cluster import rank_cluster  # noqa: E402
+from testkit.waiting import metric_value  # noqa: E402
+
+FILE = '''import json
+from pathlib import Path
+
+
+def load_config(path: Path) -> dict:
+    """Read the JSON config at path."""
+    with path.open() as handle:
+        return json.load(handle)
+
+
+def save_config(path: Path, config: dict) -> None:
+    """Write config to path as JSON."""
+    with path.open("w") as handle:
+        json.dump(config, handle, indent=2)
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Merge override into base, one level deep."""
+    result = dict(base)
+    for key, value in override.items():
+        result[key] = value
+    return result
+'''
+WORKLOADS = {
+    "code_edit": "Here is a Python file:\n\n" + FILE + "\nRewrite the whole file, with the "
+    "function `merge` renamed to `merged`. Reply with the code only.",
+    "chat": "Write a long, detailed story about a lighthouse keeper and a storm.",
+}
+MODES = ("off", "prompt_lookup")
+
+
+@dataclass
+class Figures:
+    ranks: int
+    layout: str  # "tensor" | "pipeline"
+    mode: str
+    workload: str
+    ttft_s: list[float] = field(default_factory=list)
+    tok_s: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    drafted: float = 0.0
+    accepted: float = 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+def layout_for(model_dir: Path, ranks: int) -> list[int] | None:
+    """A pipeline split when the KV heads do not divide among the ranks, else tensor."""
+    config = json.loads((model_dir / "config.json").read_text())
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    if ranks == 1 or heads % ranks == 0:
+        return None
+    layers = int(config["num_hidden_layers"])
+    return [layers // ranks + (r < layers % ranks) for r in range(ranks)]
+
+
+def one_stream(url: str, text: str, max_tokens: int) -> tuple[float, float, int]:
+    """(TTFT, decode tokens/s, completion tokens) of one greedy streamed chat."""
+    with httpx.Client(timeout=1800) as client:
+        times = stream_chat(client, url, chat_body("m", text, max_tokens, usage=True))
+    if times.error or not times.arrivals:
+        raise RuntimeError(f"stream failed: {times.error or 'no content'}")
+    span = times.arrivals[-1] - times.arrivals[0]
+    rate = (times.tokens - 1) / span if span > 0 else float("nan")
+    return times.arrivals[0] - times.started, rate, times.tokens
+
+
+def bench_launch(model_dir: Path, ranks: int, mode: str, args: argparse.Namespace
+                 ) -> list[Figures]:
+    split = layout_for(model_dir, ranks)
+    layout = "pipeline" if split else "tensor"
+    work = args.workdir / f"{mode}-{ranks}"
+    figures = [Figures(ranks, layout, mode, name) for name in WORKLOADS]
+    with rank_cluster(work, model_dir, ranks, served_model_id="m", pipeline_split=split,
+                      speculative=mode, num_draft_tokens=args.draft_tokens) as cluster:
+        url = cluster.base_url
+        one_stream(url, "Say hello.", 8)  # warm-up
+        for rep in range(args.repeats):
+            for fig in figures:
+                drafted = metric_value(url, "serving_spec_draft_tokens_total")
+                accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+                ttft, rate, tokens = one_stream(url, WORKLOADS[fig.workload], args.max_tokens)
+                fig.drafted += metric_value(url, "serving_spec_draft_tokens_total") - drafted
+                fig.accepted += metric_value(url, "serving_spec_accepted_tokens_total") - accepted
+                fig.ttft_s.append(ttft)
+                fig.tok_s.append(rate)
+                fig.tokens.append(tokens)
+                print(f"  {ranks}r {layout} {mode} {fig.workload} #{rep}: ttft {ttft:.2f} s, "
+                      f"{rate:.2f} tok/s, {tokens} tokens", flush=True)
+    return figures
+
+
+def print_table(figures: list[Figures]) -> None:
+    print(f"\n{'ranks':>5} {'layout':8} {'workload':10} {'mode':14} {'TTFT s':>7} "
+          f"{'tok/s':>7} {'x off':>6} {'accept':>7}")
+    base = {(f.ranks, f.workload): statistics.median(f.tok_s) for f in figures
+            if f.mode == "off"}
+    for f in sorted(figures, key=lambda f: (f.ranks, f.workload, f.mode)):
+        rate = statistics.median(f.tok_s)
+        ratio = rate / base[(f.ranks, f.workload)] if (f.ranks, f.workload) in base else None
+        shown = "-" if f.acceptance is None else f"{f.acceptance:.0%}"
+        print(f"{f.ranks:>5} {f.layout:8} {f.workload:10} {f.mode:14} "
+              f"{statistics.median(f.ttft_s):>7.2f} {rate:>7.2f} "
+              f"{'-' if ratio is None else f'{ratio:.2f}':>6} {shown:>7}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bundled:smollm2-135m-instruct")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draft-tokens", type=int, default=4)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/speculative-bench"))
+    args = parser.parse_args()
+    model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
+                        float32=find_openblas() is not None)  # as the ranks serve it
+    figures: list[Figures] = []
+    for ranks in args.ranks:
+        for mode in MODES:
+            figures.extend(bench_launch(model_dir, ranks, mode, args))
+    print_table(figures)
+    out = REPO / "bench" / "results" / f"speculative-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,
+            "draft_tokens": args.draft_tokens, "cpu_count": os.cpu_count()}
+    out.write_text(json.dumps({"meta": meta, "figures": [asdict(f) for f in figures]},
+                              indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

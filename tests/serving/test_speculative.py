@@ -1,0 +1,115 @@
+"""Speculative decoding (prompt lookup) across ranks: greedy output token for token plain
+mlx-lm's at 1 and 3 tensor ranks and 2 pipeline ranks, with drafts actually accepted; a
+sampled request speculates too, every rank drawing alike; a worker that accepts another
+count than rank 0 exits DESYNC."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contract.exit_codes import RankExit
+from testkit import mlx_lm_reference
+from testkit.rank_cluster import rank_cluster
+from testkit.waiting import metric_value, wait_until
+from tests.serving.test_tensor_parallel import chat_body, summary
+
+pytestmark = pytest.mark.e2e
+
+# A prompt the answer copies: prompt lookup drafts most of it.
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+PROMPT = "Repeat exactly:\n" + CODE
+MAX_TOKENS = 20
+SPECULATE = {"speculative": "prompt_lookup", "num_draft_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def plain(bundled_model_dir: Path) -> str:
+    """Plain mlx-lm's greedy answer, as "<completion tokens>:<text>"."""
+    model, tokenizer = mlx_lm_reference.load(bundled_model_dir)
+    prompt = mlx_lm_reference.chat_prompt(tokenizer, PROMPT)
+    ref = mlx_lm_reference.greedy(model, tokenizer, prompt, MAX_TOKENS)
+    return f"{ref.completion_tokens}:{ref.text}"
+
+
+@pytest.mark.parametrize(
+    ("ranks", "split"), [(1, None), (3, None), (2, [20, 10])],
+    ids=["1-rank", "3-tensor-ranks", "2-pipeline-ranks"],
+)
+def test_greedy_with_speculation_is_plain_greedy(
+    tmp_path: Path, bundled_model_dir: Path, plain: str, ranks: int, split: list[int] | None
+) -> None:
+    with rank_cluster(tmp_path, bundled_model_dir, ranks, served_model_id="m",
+                      pipeline_split=split, **SPECULATE) as cluster:
+        url = cluster.base_url
+        body = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS, temperature=0)
+        assert summary(body) == plain
+        drafted = metric_value(url, "serving_spec_draft_tokens_total")
+        accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+        assert 0 < accepted <= drafted, (accepted, drafted)
+        assert metric_value(url, "serving_spec_acceptance_rate") == pytest.approx(
+            accepted / drafted)
+        # Sampled (the accept/reject rule, from the request's key on every rank): the
+        # ranks stay in step (a desync would end the gang) and drafts are kept.
+        sampled = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS,
+                            temperature=0.5, seed=3)
+        assert sampled["usage"]["completion_tokens"] > 1
+        assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
+        for rank in range(ranks):
+            assert "DESYNC" not in cluster.log_text(rank)
+
+
+def test_a_worker_that_accepts_otherwise_exits_desync(
+    tmp_path: Path, bundled_model_dir: Path
+) -> None:
+    """Rank 1 miscounts its accepted drafts on every step from 3 (only a step with drafts
+    is affected); the plan two steps later names rank 0's count, and rank 1 exits DESYNC
+    saying which step and both counts."""
+    faults = ",".join(f"misaccept:rank=1:step={step}" for step in range(3, MAX_TOKENS + 3))
+    with rank_cluster(tmp_path, bundled_model_dir, 3, served_model_id="m",
+                      env={"ORCHESTRATOR_FAULT": faults}, **SPECULATE) as cluster:
+        thread = threading.Thread(target=_ask, args=(cluster.base_url,), daemon=True)
+        thread.start()
+        assert cluster.wait_exit(1, 120) == RankExit.DESYNC
+        log = cluster.log_text(1)
+        assert "BATCH DESYNC at step" in log and "accepted drafts in step" in log, log[-2000:]
+
+
+def _ask(url: str) -> None:
+    """The request's outcome is not the point (the gang stops under it)."""
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": "m", "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": MAX_TOKENS, "temperature": 0})
+
+
+def test_a_request_joining_a_speculating_one_stays_in_step(
+    tmp_path: Path, bundled_model_dir: Path
+) -> None:
+    """3 ranks: a second request joins while the first speculates (steps turn batched),
+    leaves, and the first speculates again; the ranks stay in step and both finish."""
+    results: dict[str, dict[str, object]] = {}
+
+    def long_one(url: str) -> None:
+        results["long"] = chat_body(url, [{"role": "user", "content": PROMPT + CODE}], 60,
+                                    temperature=0)
+
+    with rank_cluster(tmp_path, bundled_model_dir, 3, served_model_id="m",
+                      **SPECULATE) as cluster:
+        url = cluster.base_url
+        thread = threading.Thread(target=long_one, args=(url,), daemon=True)
+        thread.start()
+        wait_until(lambda: metric_value(url, "serving_spec_accepted_tokens_total") > 0, 120,
+                   "the first request to speculate")
+        short = chat_body(url, [{"role": "user", "content": "Say hi."}], 4, temperature=0)
+        accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+        thread.join(300)
+        assert short["usage"]["completion_tokens"] >= 1  # type: ignore[index]
+        assert results["long"]["choices"][0]["finish_reason"] in ("stop", "length")  # type: ignore[index]
+        assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
+        for rank in range(3):
+            assert "DESYNC" not in cluster.log_text(rank)

@@ -1,0 +1,163 @@
+"""Speculative decoding's pure parts: the n-gram proposer, the greedy accept rule, which
+requests speculate, the accepted count a worker checks, the settings (no model)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.config import ConfigErrors, check_cluster_file
+from serving.engine import draft_lookup
+from serving.engine.speculative import Speculator, accepted_count, wants_speculation
+from serving.engine.step_plan import PlanKind, SamplingParams, StepPlan
+from serving.faults import Fault, parse_faults
+from serving.metrics import ServingMetrics
+from serving.rank.worker import Desync, check_plan
+
+GREEDY = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_tokens=16, seed=1)
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_match() -> None:
+    """The longest recurring suffix wins; its latest earlier occurrence is the one used;
+    at most k tokens; nothing when the last token never occurred before."""
+    assert draft_lookup.propose([1, 2, 3, 4, 1, 2, 3], 3) == [4, 1, 2]
+    assert draft_lookup.propose([1, 2, 3, 4, 1, 2, 3], 1) == [4]
+    # Suffix [2, 3] occurs at 1 and 4: the later one's continuation.
+    assert draft_lookup.propose([1, 2, 3, 9, 2, 3, 5, 2, 3], 2) == [5, 2]
+    # The 3-gram [8, 2, 3] matches earlier than the 2-gram's latest occurrence: it wins.
+    assert draft_lookup.propose([8, 2, 3, 7, 6, 2, 3, 5, 8, 2, 3], 1) == [7]
+    assert draft_lookup.propose([5, 6, 7], 2) == []
+    assert draft_lookup.propose([4], 2) == []
+    assert draft_lookup.propose([1, 2, 1, 2], 0) == []
+    # A run of one token drafts more of it, as far as the text so far reaches.
+    assert draft_lookup.propose([1, 1, 1, 1], 3) == [1]
+
+
+def test_greedy_accept_rule_keeps_the_drafts_the_model_would_have_chosen() -> None:
+    """targets[i] is the model's argmax after the pending token and drafts[:i]."""
+    assert accepted_count([5, 6, 7], [5, 6, 7, 8]) == 3
+    assert accepted_count([5, 6, 7], [5, 9, 7, 8]) == 1  # a miss ends it, later ones too
+    assert accepted_count([5, 6, 7], [4, 6, 7, 8]) == 0
+    assert accepted_count([], [4]) == 0
+
+
+def test_requests_with_logits_processors_do_not_speculate() -> None:
+    """Penalties and logit bias see one token at a time: normal steps (documented)."""
+    assert wants_speculation(GREEDY)
+    fields = {f: getattr(GREEDY, f) for f in GREEDY.__struct_fields__}
+    assert wants_speculation(SamplingParams(**{**fields, "temperature": 0.7, "min_p": 0.1}))
+    for changed in (
+        {"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5}, {"logit_bias": [(3, 1.0)]}, {"forced": [1, 2]},
+    ):
+        assert not wants_speculation(SamplingParams(**{**fields, **changed})), changed
+
+
+def test_sampled_accept_rule_keeps_the_distribution() -> None:
+    """Drafts proposed with certainty, kept with probability p(draft), the residual
+    otherwise: the first token after the pending one is distributed as p itself,
+    whichever token is drafted (a likely one, an unlikely one)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from serving.engine.sampling import SeededSampler
+    from serving.engine.speculative import sampled_rule
+
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    logprobs = mx.log(mx.array(np.stack([p, p[::-1]]), dtype=mx.float32))
+    fields = {f: getattr(GREEDY, f) for f in GREEDY.__struct_fields__}
+    for draft in (0, 3):
+        sampler = SeededSampler(SamplingParams(**{**fields, "temperature": 1.0, "seed": 7}), 4)
+        counts = np.zeros(4)
+        trials = 3000
+        for _ in range(trials):
+            accepted, token = sampled_rule(sampler, logprobs, [draft])
+            counts[draft if accepted else int(token.item())] += 1
+        assert np.abs(counts / trials - p).max() < 0.03, (draft, counts / trials)
+
+
+def test_draft_slots_only_for_one_greedy_sequence_on_an_unchanged_batch() -> None:
+    spec = Speculator(4, ServingMetrics())
+    assert spec.slots_for([GREEDY], changes_batch=False) == 4
+    assert spec.slots_for([GREEDY], changes_batch=True) == 0  # an insert or remove this step
+    assert spec.slots_for([GREEDY, GREEDY], changes_batch=False) == 0
+    assert spec.slots_for([], changes_batch=False) == 0
+
+
+def test_worker_checks_rank0s_accepted_count() -> None:
+    """The plan names rank 0's accepted drafts for the step its digest covers; a worker
+    that accepted another count is a desync, reported before the digest."""
+    digests, accepted = {2: 11, 3: 13}, {2: 0, 3: 3}
+    plan = StepPlan(PlanKind.STEP, 4, 99, 13, 3, accepted=3)
+    check_plan(plan, 4, 99, digests, accepted)
+    with pytest.raises(Desync, match="accepted drafts in step 3 rank0=2 local=3"):
+        check_plan(StepPlan(PlanKind.STEP, 4, 99, 13, 3, accepted=2), 4, 99, digests, accepted)
+
+
+def test_acceptance_metrics() -> None:
+    metrics = ServingMetrics()
+    metrics.draft_tokens.inc(8)
+    metrics.accepted_tokens.inc(6)
+    text = metrics.registry.get_sample_value("serving_spec_acceptance_rate")
+    assert text == 0.75
+    assert metrics.registry.get_sample_value("serving_spec_accepted_tokens_total") == 6
+
+
+def test_misaccept_fault_parses() -> None:
+    assert parse_faults("misaccept:rank=1:step=5") == [Fault("misaccept", 1, 5)]
+
+
+def test_config_refuses_an_unknown_speculative_mode(tmp_path: Path) -> None:
+    """cluster.toml names the field and the values that would do."""
+    file = tmp_path / "cluster.toml"
+    file.write_text(textwrap.dedent("""
+        [serving]
+        speculative = "draft"
+        num_draft_tokens = 40
+
+        [[nodes]]
+        name = "a"
+    """))
+    with pytest.raises(ConfigErrors) as caught:
+        check_cluster_file(file)
+    by_path = {issue.path: issue for issue in caught.value.issues}
+    assert "'off', 'prompt_lookup'" in by_path["serving.speculative"].fix
+    assert "serving.num_draft_tokens" in by_path
+
+
+def test_a_model_whose_cache_cannot_trim_back_is_refused() -> None:
+    """Sliding-window (rotating) or state-space layer caches: refused, naming the types
+    and the fix; plain KV caches pass."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    from serving.engine.speculative import SpeculationUnsupported, check_model
+
+    def model(*caches: object) -> Any:
+        return SimpleNamespace(make_cache=lambda: list(caches))
+
+    check_model(model(KVCache(), KVCache()))
+    with pytest.raises(SpeculationUnsupported, match=r"ArraysCache, KVCache, RotatingKVCache.*"
+                       r"speculative = \"off\""):
+        check_model(model(KVCache(), RotatingKVCache(max_size=8), ArraysCache(size=2)))
+
+
+def test_the_orchestrator_reads_the_counters_back_for_status() -> None:
+    """`status` shows drafts accepted / verified from rank 0's /metrics."""
+    from prometheus_client import generate_latest
+
+    from orchestrator.status.model import ServingStatus
+    from orchestrator.status.view import _serving_line
+    from orchestrator.supervision.progress import parse_sample
+
+    metrics = ServingMetrics()
+    metrics.draft_tokens.inc(8)
+    metrics.accepted_tokens.inc(6)
+    sample = parse_sample(generate_latest(metrics.registry).decode())
+    assert (sample.draft_tokens, sample.accepted_tokens) == (8, 6)
+    status = SimpleNamespace(serving=ServingStatus(draft_tokens_total=8, accepted_tokens_total=6))
+    assert "drafts accepted 6/8 (75%)" in _serving_line(status).plain  # type: ignore[arg-type]
+    assert "drafts" not in _serving_line(SimpleNamespace(serving=ServingStatus())).plain  # type: ignore[arg-type]
