@@ -134,16 +134,16 @@ class Agent:
         self._sessions.attach(Session(reader, writer))
         await self._stop.wait()
         log.info("shutting down: %s", self._stop_reason)
-        self._sessions.accepting = False
-        if self._server is not None:
-            self._server.close()
-            if self._socket is not None:
-                self._socket.unlink(missing_ok=True)
+        self._sessions.accepting = False  # a connection now is told: busy (ending)
         await self._links.close()
         self._usage.stop()
         self._ranks.discard_standbys()
         if len(self._ranks):
             await self._ranks.stop(None, self._grace_s)
+        if self._server is not None:  # gone with the ranks: the next agent may take it
+            self._server.close()
+            if self._socket is not None:
+                self._socket.unlink(missing_ok=True)
         for task in list(self._tasks):
             task.cancel()
         await self._sessions.close()

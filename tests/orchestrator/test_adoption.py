@@ -1,0 +1,110 @@
+"""Agents outlive their orchestrator: a new `up` adopts the running gang, no model load."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from testkit.orchestrator_process import (
+    Orchestrator,
+    kill_all,
+    run_cli,
+    wait_gone,
+    write_cluster,
+)
+
+pytestmark = pytest.mark.e2e
+
+BUNDLED = "bundled:smollm2-135m-instruct"
+LOCAL3 = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(3)]
+BODY = {"model": "tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+
+
+def _url(config: Path) -> str:
+    import tomllib
+
+    api = tomllib.loads(config.read_text())["api"]
+    return f"http://{api['host']}:{api['port']}"
+
+
+def _status(config: Path) -> dict[str, Any]:
+    return dict(json.loads(run_cli("status", str(config), "--json").stdout))
+
+
+def _pids(config: Path) -> dict[int, int]:
+    return {rank["rank"]: rank["pid"] for rank in _status(config)["ranks"]}
+
+
+@pytest.fixture
+def leftovers() -> Iterator[set[int]]:
+    """PIDs a test's orchestrators left (agents and ranks outlive a SIGKILL): ended at the end."""
+    pids: set[int] = set()
+    yield pids
+    kill_all(pids)
+
+
+def _request(url: str, max_tokens: int) -> str:
+    """ok, failed (an error or a closed connection) or hung (no answer within 30 s)."""
+    try:
+        response = httpx.post(f"{url}/v1/completions", json={**BODY, "max_tokens": max_tokens},
+                              timeout=30)
+    except httpx.TimeoutException:
+        return "hung"
+    except httpx.HTTPError:
+        return "failed"
+    return "ok" if response.status_code == 200 else "failed"
+
+
+def _kill_under_load(first: Orchestrator, url: str, leftovers: set[int]) -> dict[str, int]:
+    """SIGKILL the orchestrator with requests in flight; how each of them ended."""
+    leftovers |= first.remember_descendants()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        flights = [pool.submit(_request, url, 400) for _ in range(4)]
+        time.sleep(1.0)
+        first.process.kill()
+        first.wait_exit()
+        outcomes = [flight.result() for flight in flights]
+    return {kind: outcomes.count(kind) for kind in ("ok", "failed", "hung")}
+
+
+def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) -> None:
+    """kill -9 of `up` under load: in-flight requests fail (none hangs); a new `up` serves
+    within seconds on the very rank processes (no launch, no model load) and every request
+    then succeeds; `orchestrator restart` semantics are untouched (the gang is the same)."""
+    # The bundled model, 3 ranks (pipeline): the full launch timed is a real model load.
+    config = write_cluster(tmp_path, BUNDLED, LOCAL3, model={"id": "tiny"},
+                           supervisor={"orphan_grace_s": 60.0})
+    url = _url(config)
+    started = time.monotonic()
+    first = Orchestrator(config)
+    second: Orchestrator | None = None
+    try:
+        first.wait_ready(url)
+        relaunch_s = time.monotonic() - started
+        before = _pids(config)
+        around_kill = _kill_under_load(first, url, leftovers)
+        assert around_kill["hung"] == 0, around_kill
+        started = time.monotonic()
+        second = Orchestrator(config)
+        second.wait_ready(url, timeout_s=60)
+        adopt_s = time.monotonic() - started
+        print(f"full launch {relaunch_s:.1f} s, adopted {adopt_s:.1f} s, "
+              f"around the kill {around_kill}")
+        assert _pids(config) == before
+        assert "adopted launch" in second.text, second.text
+        assert "rank 0 started" not in second.text and "ranks loaded" not in second.text
+        after = [_request(url, 4) for _ in range(6)]
+        assert after == ["ok"] * 6, after
+        assert adopt_s < relaunch_s, (adopt_s, relaunch_s)
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()
+    assert wait_gone(set(before.values())) == set(), "the adopted gang outlived `down`"
