@@ -75,9 +75,10 @@ def _kill_under_load(first: Orchestrator, url: str, leftovers: set[int]) -> dict
 
 
 def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) -> None:
-    """kill -9 of `up` under load: in-flight requests fail (none hangs); a new `up` serves
-    within seconds on the very rank processes (no launch, no model load) and every request
-    then succeeds; `orchestrator restart` semantics are untouched (the gang is the same)."""
+    """kill -9 of `up` under load: in-flight requests fail (none hangs), `status` tells of
+    the orphaned gang; a new `up` serves within seconds on the very rank processes (no
+    launch, no model load) and every request then succeeds. kill -9 again, then `down`
+    with no orchestrator running: it reaches the agents and ends ranks and agents."""
     # The bundled model, 3 ranks (pipeline): the full launch timed is a real model load.
     config = write_cluster(tmp_path, BUNDLED, LOCAL3, model={"id": "tiny"},
                            supervisor={"orphan_grace_s": 60.0})
@@ -91,6 +92,8 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
         before = _pids(config)
         around_kill = _kill_under_load(first, url, leftovers)
         assert around_kill["hung"] == 0, around_kill
+        orphaned = run_cli("status", str(config)).stdout
+        assert "no orchestrator; gang of 3 ranks serving, orphaned since" in orphaned, orphaned
         started = time.monotonic()
         second = Orchestrator(config)
         second.wait_ready(url, timeout_s=60)
@@ -103,8 +106,13 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
         after = [_request(url, 4) for _ in range(6)]
         assert after == ["ok"] * 6, after
         assert adopt_s < relaunch_s, (adopt_s, relaunch_s)
+        second.process.kill()  # and again: now `down`, with no orchestrator running
+        second.wait_exit()
+        down = run_cli("down", str(config))
+        assert down.returncode == 0 and "orchestrator was gone" in down.stdout, down
+        assert wait_gone(set(before.values())) == set(), "`down` left ranks running"
+        assert wait_gone(leftovers - set(before.values())) == set(), "`down` left agents"
     finally:
         if second is not None:
             second.stop()
         first.stop()
-    assert wait_gone(set(before.values())) == set(), "the adopted gang outlived `down`"
