@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import (
     Orchestrator,
     kill_all,
@@ -40,6 +41,17 @@ def _status(config: Path) -> dict[str, Any]:
 
 def _pids(config: Path) -> dict[int, int]:
     return {rank["rank"]: rank["pid"] for rank in _status(config)["ranks"]}
+
+
+def only_sshd_left(net: MultiHost, within_s: float = 30.0) -> bool:
+    """Nothing but its sshd runs in any host: agents and ranks are all gone."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        extra = [set(host.pids()) - {host.sshd.pid if host.sshd else 0} for host in net.hosts]
+        if not any(extra):
+            return True
+        time.sleep(0.3)
+    return False
 
 
 @pytest.fixture
@@ -116,3 +128,35 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
         if second is not None:
             second.stop()
         first.stop()
+
+
+def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: Path,
+                                          leftovers: set[int]) -> None:
+    """2 SSH hosts: the agents outlive the SSH sessions of a SIGKILLed `up`; the next `up`
+    reaches them through node_agent.bridge and adopts the gang; `down` then ends it all."""
+    net = netns_hosts(2, "switch")
+    config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(2)],
+                           model={"id": "tiny"},
+                           supervisor={"standby_ranks": False, "orphan_grace_s": 60.0})
+    url = _url(config)
+    first = Orchestrator(config)
+    second: Orchestrator | None = None
+    try:
+        first.wait_ready(url)
+        before = _pids(config)
+        first.process.kill()
+        first.wait_exit()
+        started = time.monotonic()
+        second = Orchestrator(config)
+        second.wait_ready(url, timeout_s=60)
+        print(f"adopted across hosts in {time.monotonic() - started:.1f} s")
+        assert _pids(config) == before
+        assert "adopted launch" in second.text and "reached on its socket" in second.text
+        assert [_request(url, 4) for _ in range(3)] == ["ok"] * 3
+        assert run_cli("down", str(config)).returncode == 0
+        assert second.wait_exit() == 0
+    finally:
+        if second is not None:
+            second.stop()
+        first.stop()
+    assert only_sshd_left(net)
