@@ -161,12 +161,12 @@ class Agent:
         if not (self._orphan_grace_s > 0 and len(self._ranks) and self._server is not None):
             self.shutdown(reason)
             return True
+        if self._socket is not None:  # first: stderr was the closed SSH channel's
+            log_to_file(self._socket.with_suffix(".log"))
         log.warning("%s: the ranks serve on, up to %g s for an orchestrator to adopt them",
                     reason, self._orphan_grace_s)
         self._ranks.discard_standbys()
         self._usage.stop()
-        if self._socket is not None:
-            log_to_file(self._socket.with_suffix(".log"))
         self._orphan.begin(self._orphan_grace_s)
         return False
 
