@@ -46,6 +46,7 @@ async def test_session_lost_then_attached_and_adopted(tmp_path: Path) -> None:
         await again.stop(None, 2.0)
         await second.close()
         assert await wait_gone(rank, 5)
+        await first.close()  # reaps the agent: it was our child
         assert await wait_gone(again.hello.pid, 10)
         assert not Path(socket).exists()
     finally:
