@@ -129,6 +129,7 @@ class Service:
             return False
         adopted = await adopt_or_clear(self.spec, pool)
         if adopted is not None:
+            self.machine.to(GangState.PREFLIGHT, f"adopting launch {adopted.launch_id}")
             self.placement = adopted.plan.placement
             self.supervisor.adopt(adopted)
             return True
