@@ -92,8 +92,9 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
     launch, no model load) and every request then succeeds. kill -9 again, then `down`
     with no orchestrator running: it reaches the agents and ends ranks and agents."""
     # The bundled model, 3 ranks (pipeline): the full launch timed is a real model load.
+    # Standby ranks (3 MLX imports) would compete for the cores with the requests timed.
     config = write_cluster(tmp_path, BUNDLED, LOCAL3, model={"id": "tiny"},
-                           supervisor={"orphan_grace_s": 60.0})
+                           supervisor={"orphan_grace_s": 60.0, "standby_ranks": False})
     url = _url(config)
     started = time.monotonic()
     first = Orchestrator(config)
