@@ -27,6 +27,7 @@ from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
 from orchestrator.launch import launch_secret
+from orchestrator.launch.adoption import adopt_or_clear, launch_record
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
 from orchestrator.launch.plan_command import describe
@@ -103,10 +104,7 @@ class Service:
                 self.machine,
                 monitor,
                 Rank0Probe(http),
-                lambda: Gang(
-                    build_plan(self.spec, new_launch_id(), pool.fingerprints(), self.placement),
-                    pool,
-                ),
+                lambda: self._new_gang(pool),
                 links=links,
                 on_launch=self._record_launch,
             )
@@ -131,6 +129,12 @@ class Service:
             log.error("cannot reach node %s (%s): %s", error.node, error.kind, error.message)
         if errors:
             return False
+        adopted = await adopt_or_clear(self.spec, pool)
+        if adopted is not None:
+            self.machine.to(GangState.PREFLIGHT, f"adopting launch {adopted.launch_id}")
+            self.placement = adopted.plan.placement
+            self.supervisor.adopt(adopted)
+            return True
         if previous is not None:  # a crashed run's ranks, recorded before we overwrote its file
             await end_stale_ranks(pool, previous.ranks)
         if self.spec.model.sync and not await sync_before_up(self.spec, pool, self.config_path):
@@ -240,6 +244,11 @@ class Service:
         await asyncio.wait(
             [gateway, asyncio.create_task(self._force.wait())], return_when=asyncio.FIRST_COMPLETED
         )
+
+    def _new_gang(self, pool: NodePool) -> Gang:
+        fingerprints = pool.fingerprints()
+        plan = build_plan(self.spec, new_launch_id(), fingerprints, self.placement)
+        return Gang(plan, pool, launch_record(self.spec, plan, fingerprints))
 
     def _record_launch(self, gang: Gang) -> None:
         # Kept for whoever must reach this launch's rank 0 later (an adopting orchestrator).

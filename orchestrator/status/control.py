@@ -23,6 +23,7 @@ from orchestrator.state_file import (
     state_path,
 )
 from orchestrator.status.model import ClusterStatus
+from orchestrator.status.orphans import end_orphaned_gangs, orphan_report
 from orchestrator.status.view import print_status
 from orchestrator.transports.pool import NodePool
 
@@ -32,6 +33,9 @@ EXIT_READY, EXIT_STARTING, EXIT_DOWN = 0, 1, 2
 def status(config: Path, as_json: bool) -> int:
     spec, _ = check_cluster_file(config)
     state = read_state(state_path(spec))
+    if state is not None and not orchestrator_alive(state) and not as_json:
+        print(asyncio.run(orphan_report(spec)))  # a crashed run's agents may serve on
+        return EXIT_DOWN
     if state is None or not orchestrator_alive(state):
         _say_not_running(spec.cluster.name, as_json)
         return EXIT_DOWN
@@ -113,7 +117,7 @@ async def _end_recorded_ranks(spec: ClusterSpec, state: ClusterState) -> int:
     pool = NodePool(spec, on_event=lambda node, event: None, on_lost=lambda node, info: None)
     try:
         await pool.connect_all()
-        return await end_stale_ranks(pool, state.ranks)
+        return await end_stale_ranks(pool, state.ranks) + await end_orphaned_gangs(pool)
     finally:
         await pool.close_all()
 
