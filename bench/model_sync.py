@@ -10,6 +10,10 @@ directory, reached over SSH on a bridge (no shaping unless said). Measured:
 3. an unchanged model: `sync` again (wall time, bytes hashed on the source and nodes);
 4. resume: a sync to 1 host over a link shaped to --resume-rate is SIGKILLed once half of
    the largest file is staged; the next sync's bytes sent vs the whole model;
+6. forward_3 (its own ring of 3 hosts, cabled like Thunderbolt): the head's uplink (the
+   management bridge, shared by all 3 hosts) shaped to --uplink-rate, each cable to
+   --cable-rate; sync from the head alone vs with [model] sync_forwarding (the head sends
+   to h0, h1 fetches from h0, h2 from h1): wall time and the bytes out of the head;
 5. pipeline: the bundled model (4-bit) re-split into one shared shard and one shard per
    3 layers, synced to 3 empty hosts with parallel = "pipeline": each host's bytes vs the
    whole model.
@@ -31,15 +35,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from node_agent.model_hashes import CACHE_ENV, build_manifest  # noqa: E402
 from serving.model.bundled import default_cache_dir, resolve_model  # noqa: E402
-from testkit.netns import MultiHost, PrivateTmpfs, multi_host  # noqa: E402
+from testkit.netns import TC, MultiHost, PrivateTmpfs, multi_host, sh  # noqa: E402
 from testkit.orchestrator_process import write_cluster  # noqa: E402
 from testkit.sharded_model import write_sharded_copy  # noqa: E402
 from testkit.tiny_model import write_tiny_model  # noqa: E402
@@ -228,13 +235,48 @@ def pipeline(tmp: Path, net: MultiHost, mount: Path, env: dict[str, str]) -> dic
     }
 
 
+def forward_3(
+    tmp: Path, mount: Path, model: Path, env: dict[str, str], total: int, rates: tuple[str, str]
+) -> dict[str, Any]:
+    """Head-only vs forwarding over a shaped uplink and shaped cables (section 6)."""
+    uplink, cable = rates
+    out: dict[str, Any] = {"uplink_rate": uplink, "cable_rate": cable}
+    with multi_host(3, "ring", tmp / "ring-hosts", PrivateTmpfs(str(mount), "3g")) as net:
+        bridge = f"{net.prefix}m"
+        sh(TC, "qdisc", "replace", "dev", bridge, "root", "tbf", "rate", uplink,
+           "burst", "256kb", "latency", "200ms")
+        for i in range(3):
+            net.shape(i, (i + 1) % 3, cable)
+        for forwarding in (False, True):
+            clear_copies(net, model, [0, 1, 2])
+            d = tmp / f"ring-{forwarding}"
+            d.mkdir()
+            nodes = [net.node(i) for i in range(3)]
+            config = write_cluster(d, str(model), nodes, model={"sync_forwarding": forwarding})
+            data = tomllib.loads(config.read_text())
+            data["links"] = net.links()
+            config.write_text(tomli_w.dumps(data))
+            sent = int(Path(f"/sys/class/net/{bridge}/statistics/tx_bytes").read_text())
+            seconds, report = run_sync(config, env)
+            sent = int(Path(f"/sys/class/net/{bridge}/statistics/tx_bytes").read_text()) - sent
+            assert all(n["status"] == "synced" for n in report["nodes"]), report
+            out["forwarding" if forwarding else "head_only"] = {
+                "sync_s": round(seconds, 2),
+                "head_sent_model_copies": round(sent / total, 2),
+                "from": [n["forwarded_from"] or "head" for n in report["nodes"]],
+            }
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pad-mb", type=int, default=300)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--resume-rate", default="800mbit")
+    parser.add_argument("--uplink-rate", default="400mbit")
+    parser.add_argument("--cable-rate", default="2gbit")
     parser.add_argument("--only", default="", help="comma-separated: push_3,unchanged_3,"
-                        "push_1,resume_1,pipeline (default: all)")
+                        "push_1,resume_1,pipeline,forward_3 (default: all)")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
 
@@ -266,6 +308,9 @@ def main() -> int:
                 results["resume_1"] = resume(tmp, net, model, env, args.resume_rate)
             if wanted("pipeline"):
                 results["pipeline_3"] = pipeline(tmp, net, mount, env)
+        if wanted("forward_3"):
+            rates = (args.uplink_rate, args.cable_rate)
+            results["forward_3"] = forward_3(tmp, mount, model, env, total, rates)
     for key in [k for k in ("push_3", "push_1") if k in results]:
         runs = results[key]
         results[f"{key}_median"] = {

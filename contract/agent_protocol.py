@@ -37,6 +37,8 @@ from contract.model_manifest import (
     ModelPrepare,
     ModelPrepared,
     PrefixHashes,
+    RelayReply,
+    RelayRequest,
 )
 
 PROTOCOL_VERSION = 7
@@ -206,10 +208,8 @@ Request = (
     | Wake
     | FindRdmaHolders
     | Adopt
-    | ModelManifest
-    | ModelPrepare
-    | ModelPrefixHash
-    | ModelFinalize
+    | ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize
+    | RelayRequest  # forwarding along the ring (contract/model_manifest.py)
 )
 
 
@@ -362,10 +362,7 @@ Reply = (
     | Reaped
     | Reachable
     | RdmaHolders
-    | ManifestResult
-    | ModelPrepared
-    | PrefixHashes
-    | ModelFinalized
+    | ManifestResult | ModelPrepared | PrefixHashes | ModelFinalized | RelayReply
 )
 Event = Hello | Log | Exited | LinkState | NodeUsage
 AgentMessage = Reply | Event

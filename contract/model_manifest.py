@@ -140,3 +140,58 @@ class ModelFinalized(Message, tag="model_finalized", kw_only=True):
 NO_SPACE = "no_space"  # the node's file system lacks room: nothing was changed
 MODEL_IO = "model_io"  # a file or directory cannot be read, written or renamed
 MODEL_MISMATCH = "model_mismatch"  # staged files differ from the manifest (removed)
+
+
+# ── forwarding along the ring: a node that holds verified files serves them to the next ──
+#
+#   orchestrator ── ModelServe(path, host, token) ─▶ holding agent ─▶ ModelServing(port)
+#   orchestrator ── ModelPrepare ─▶ receiving agent (as above: what must still come)
+#   orchestrator ── ModelFetch(staging, host, port, token, files) ─▶ receiving agent
+#        receiving agent ══ TCP, token first ══▶ holding agent's listener: the bytes
+#   orchestrator ── ModelFinalize ─▶ receiving agent: the manifest check of this hop
+#   orchestrator ── ModelServe(close=True, token) ─▶ holding agent: listener closed
+
+
+class ModelServe(Message, tag="model_serve", kw_only=True):
+    """Listen on host (port chosen by the agent) and serve the files of the model at path
+    to a client that presents token; close=True closes the listener with that token."""
+
+    id: int = 0
+    path: str = ""
+    host: str = ""
+    token: str
+    files: list[str] = msgspec.field(default_factory=list)  # the only paths served
+    close: bool = False
+
+
+class ModelServing(Message, tag="model_serving", kw_only=True):
+    id: int
+    port: int
+
+
+class FetchFile(Struct, frozen=True, kw_only=True):
+    path: str
+    offset: int  # staged already (the orchestrator checked its prefix against the holder's)
+    size: int
+
+
+class ModelFetch(Message, tag="model_fetch", kw_only=True):
+    """Fetch files [offset, size) from another agent's ModelServe listener into the
+    staging directory of a ModelPrepare; the orchestrator then sends ModelFinalize."""
+
+    id: int = 0
+    staging: str
+    host: str
+    port: int
+    token: str
+    files: list[FetchFile]
+    timeout_s: float = 30.0  # to connect, and between two reads
+
+
+class ModelFetched(Message, tag="model_fetched", kw_only=True):
+    id: int
+    received_bytes: int
+
+
+RelayRequest = ModelServe | ModelFetch  # members of agent_protocol's Request union
+RelayReply = ModelServing | ModelFetched

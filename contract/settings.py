@@ -49,6 +49,9 @@ class ModelSettings(Section):
     # machine the orchestrator runs on. Never for `bundled:` models.
     sync: bool = False
     sync_from: str | None = None
+    # Sync node by node along the ring: each node fetches from its neighbour that holds a
+    # verified copy (over their cable's addresses), so the source sends the model once.
+    sync_forwarding: bool = False
 
     @property
     def served_id(self) -> str:

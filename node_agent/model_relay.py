@@ -1,0 +1,203 @@
+"""Forwarding a model along the ring: one agent serves its verified files, the next fetches.
+
+    holder (ModelServe)                              receiver (ModelFetch)
+    listener on its link address, port 0   ◀══TCP══  one connection per file:
+    ◀ {"token", "path", "offset", "length"}\\n         request line, then
+    ▶ "OK\\n" + the bytes  |  "ERR <why>\\n"            the bytes into <path>.partial-sync
+
+Plain TCP: nodes hold no SSH credentials to each other, and the link between neighbours
+is a cable. What protects it: a random token per transfer (compared in constant time),
+only the named files of the model directory are served, and the receiver's ModelFinalize
+checks every byte against the manifest before the copy is renamed into place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.model_manifest import (
+    MODEL_IO,
+    FetchFile,
+    ModelFetch,
+    ModelFetched,
+    ModelServe,
+    ModelServing,
+    safe_relative,
+)
+from node_agent.model_store import StoreError, model_path
+
+PARALLEL_FILES = 4
+CHUNK = 1 << 20
+MAX_REQUEST = 64 << 10  # a request line's bytes at most
+# A listener nobody connected to for this long is closed (its orchestrator went away
+# before ModelServe(close=True)); a receiver opens one connection per file.
+IDLE_CLOSE_S = 600.0
+
+
+@dataclass
+class _Serving:
+    root: Path
+    token: str
+    files: frozenset[str]
+    server: asyncio.Server
+    active: int = 0
+    last: float = 0.0
+    watch: asyncio.Task[None] | None = None
+
+
+_serving: dict[str, _Serving] = {}  # by token
+
+
+async def serve(req: ModelServe) -> ModelServing:
+    if req.close:
+        entry = _serving.pop(req.token, None)
+        if entry is not None:
+            entry.server.close()
+        return ModelServing(id=req.id, port=0)
+    if len(req.token) < 32:
+        raise StoreError(MODEL_IO, "a forwarding token must have at least 32 characters")
+    root = model_path(req.path)
+    if not root.is_dir():
+        raise StoreError(MODEL_IO, f"{root} is not a directory on this node: nothing to serve")
+    bad = [f for f in req.files if not safe_relative(f)]
+    if bad:
+        raise StoreError(MODEL_IO, f"cannot serve paths outside the model: {bad[:3]}")
+    entry = _Serving(root, req.token, frozenset(req.files), None)  # type: ignore[arg-type]
+    try:
+        entry.server = await asyncio.start_server(lambda r, w: _serve_one(entry, r, w), req.host, 0)
+    except OSError as exc:
+        raise StoreError(
+            MODEL_IO, f"cannot listen on {req.host} to forward the model: {exc.strerror or exc}"
+        ) from exc
+    _serving[req.token] = entry
+    entry.last = time.monotonic()
+    entry.watch = asyncio.get_running_loop().create_task(_close_when_idle(entry))
+    port = entry.server.sockets[0].getsockname()[1]
+    return ModelServing(id=req.id, port=int(port))
+
+
+async def _close_when_idle(entry: _Serving) -> None:
+    while _serving.get(entry.token) is entry:
+        await asyncio.sleep(min(IDLE_CLOSE_S, 30.0))
+        if entry.active == 0 and time.monotonic() - entry.last > IDLE_CLOSE_S:
+            _serving.pop(entry.token, None)
+            entry.server.close()
+
+
+async def _serve_one(
+    entry: _Serving, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    entry.active += 1
+    try:
+        line = await asyncio.wait_for(reader.readline(), 30.0)
+        try:
+            ask = json.loads(line[:MAX_REQUEST])
+            token, rel = str(ask["token"]), str(ask["path"])
+            offset, length = int(ask["offset"]), int(ask["length"])
+        except (ValueError, KeyError, TypeError):
+            writer.write(b"ERR malformed request\n")
+            return
+        if not hmac.compare_digest(token.encode(), entry.token.encode()):
+            writer.write(b"ERR wrong token\n")
+            return
+        if rel not in entry.files or offset < 0 or length < 0:
+            writer.write(b"ERR not served\n")
+            return
+        await _send_range(entry.root / rel, offset, length, writer)
+    except (OSError, TimeoutError):
+        pass  # the receiver sees a short file and reports it
+    finally:
+        entry.active -= 1
+        entry.last = time.monotonic()
+        with contextlib.suppress(OSError):
+            writer.close()
+            await writer.wait_closed()
+
+
+async def _send_range(path: Path, offset: int, length: int, writer: asyncio.StreamWriter) -> None:
+    try:
+        f = path.open("rb")
+    except OSError as exc:
+        writer.write(f"ERR cannot read {path}: {exc.strerror}\n".encode())
+        return
+    with f:
+        writer.write(b"OK\n")
+        await writer.drain()
+        loop = asyncio.get_running_loop()
+        await loop.sendfile(writer.transport, f, offset, length)
+
+
+async def fetch(req: ModelFetch) -> ModelFetched:
+    staging = model_path(req.staging)
+    if not staging.is_dir():
+        raise StoreError(MODEL_IO, f"nothing is being staged at {staging} (send ModelPrepare)")
+    bad = [f.path for f in req.files if not safe_relative(f.path)]
+    if bad:
+        raise StoreError(MODEL_IO, f"cannot fetch paths outside the model: {bad[:3]}")
+    gate = asyncio.Semaphore(PARALLEL_FILES)
+
+    async def one(item: FetchFile) -> int:
+        async with gate:
+            return await _fetch_file(req, staging, item)
+
+    got = await asyncio.gather(*(one(item) for item in req.files))
+    return ModelFetched(id=req.id, received_bytes=sum(got))
+
+
+async def _fetch_file(req: ModelFetch, staging: Path, item: FetchFile) -> int:
+    where = f"{req.host}:{req.port}"
+    length = item.size - item.offset
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(req.host, req.port), req.timeout_s
+        )
+    except (OSError, TimeoutError) as exc:
+        raise StoreError(MODEL_IO, f"cannot reach the forwarding node at {where}: {exc}") from exc
+    try:
+        ask = {"token": req.token, "path": item.path, "offset": item.offset, "length": length}
+        writer.write(json.dumps(ask).encode() + b"\n")
+        status = await asyncio.wait_for(reader.readline(), req.timeout_s)
+        if status != b"OK\n":
+            why = status.decode(errors="replace").strip() or "closed the connection"
+            raise StoreError(MODEL_IO, f"the forwarding node at {where} refused {item.path}: {why}")
+        return await _receive(reader, staging / item.path, item.offset, length, req.timeout_s)
+    except (OSError, TimeoutError) as exc:
+        raise StoreError(
+            MODEL_IO, f"fetching {item.path} from {where} failed: {exc or type(exc).__name__}"
+        ) from exc
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def _receive(
+    reader: asyncio.StreamReader, dest: Path, offset: int, length: int, timeout_s: float
+) -> int:
+    """length bytes from reader into dest at offset; what arrived stays (a resume)."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o644)
+    got = 0
+    try:
+        while got < length:
+            data = await asyncio.wait_for(reader.read(min(CHUNK, length - got)), timeout_s)
+            if not data:
+                raise StoreError(
+                    MODEL_IO, f"the forwarding node closed before {dest.name} had arrived"
+                )
+            await asyncio.to_thread(os.pwrite, fd, data, offset + got)
+            got += len(data)
+    finally:
+        os.close(fd)
+    return got
+
+
+async def handle(req: ModelServe | ModelFetch) -> ModelServing | ModelFetched:
+    """The agent's entry point for the forwarding requests."""
+    return await (serve(req) if isinstance(req, ModelServe) else fetch(req))

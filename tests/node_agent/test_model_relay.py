@@ -1,0 +1,114 @@
+"""Forwarding between agents: a holder serves its files over TCP to a token, a receiver
+fetches them into staging (resuming a partial file), and finalize checks every byte."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+
+import pytest
+
+from contract.model_manifest import (
+    MODEL_MISMATCH,
+    FetchFile,
+    Manifest,
+    ModelFetch,
+    ModelFinalize,
+    ModelPrepare,
+    ModelServe,
+)
+from node_agent import model_relay, model_store
+from node_agent.model_hashes import CACHE_ENV, build_manifest
+from tests.node_agent.test_model_store import big_model
+
+
+@pytest.fixture(autouse=True)
+def private_hash_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "hash-cache"))
+
+
+async def forward(holder: Path, target: Path, manifest: Manifest, token: str = "") -> int:
+    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    sizes = {f.path: f.size for f in manifest.files}
+    files = [FetchFile(path=f.path, offset=f.offset, size=sizes[f.path]) for f in prepared.send]
+    real = secrets.token_hex(32)
+    serving = await model_relay.handle(
+        ModelServe(path=str(holder), host="127.0.0.1", token=real, files=list(sizes))
+    )
+    try:
+        fetch = ModelFetch(
+            staging=prepared.staging,
+            host="127.0.0.1",
+            port=serving.port,  # type: ignore[union-attr]
+            token=token or real,
+            files=files,
+            timeout_s=5.0,
+        )
+        return (await model_relay.handle(fetch)).received_bytes  # type: ignore[union-attr]
+    finally:
+        await model_relay.handle(ModelServe(token=real, close=True))
+
+
+def test_a_fetched_copy_is_verified_and_renamed(tmp_path: Path) -> None:
+    holder = big_model(tmp_path / "holder")
+    manifest, _ = build_manifest(holder)
+    target = tmp_path / "node" / "model"
+    got = asyncio.run(forward(holder, target, manifest))
+    assert got == manifest.total_bytes
+    model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    assert all(
+        (target / f.path).read_bytes() == (holder / f.path).read_bytes() for f in manifest.files
+    )
+    assert not model_relay._serving  # the listener is closed
+
+
+def test_a_partial_file_resumes_where_it_stopped(tmp_path: Path) -> None:
+    holder = big_model(tmp_path / "holder")
+    manifest, _ = build_manifest(holder)
+    target = tmp_path / "node" / "model"
+    staging = model_store.staging_path(target)
+    staging.mkdir(parents=True)
+    pad = (holder / "pad.safetensors").read_bytes()
+    (staging / "pad.safetensors").write_bytes(pad[:600_000])
+    got = asyncio.run(forward(holder, target, manifest))
+    assert got == manifest.total_bytes - 600_000
+    model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+
+
+def test_a_corrupt_byte_at_the_holder_is_caught_at_the_next_hop(tmp_path: Path) -> None:
+    holder = big_model(tmp_path / "holder")
+    manifest, _ = build_manifest(holder)
+    pad = bytearray((holder / "pad.safetensors").read_bytes())
+    pad[1000] ^= 0xFF  # bit rot after the holder's own check
+    (holder / "pad.safetensors").write_bytes(pad)
+    target = tmp_path / "node" / "model"
+    asyncio.run(forward(holder, target, manifest))
+    with pytest.raises(model_store.StoreError) as caught:
+        model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    assert caught.value.code == MODEL_MISMATCH and "pad.safetensors" in caught.value.message
+    assert not target.exists()
+
+
+def test_a_wrong_token_is_refused(tmp_path: Path) -> None:
+    holder = big_model(tmp_path / "holder")
+    manifest, _ = build_manifest(holder)
+    with pytest.raises(model_store.StoreError, match="wrong token"):
+        asyncio.run(forward(holder, tmp_path / "node" / "model", manifest, token="x" * 64))
+
+
+def test_a_listener_left_open_closes_when_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An orchestrator that never sent close=True does not leave the port open for good."""
+    holder = big_model(tmp_path / "holder")
+    monkeypatch.setattr(model_relay, "IDLE_CLOSE_S", 0.2)
+
+    async def left_open() -> bool:
+        token = secrets.token_hex(32)
+        await model_relay.handle(ModelServe(path=str(holder), host="127.0.0.1", token=token))
+        assert token in model_relay._serving
+        await asyncio.sleep(1.0)
+        return token in model_relay._serving
+
+    assert not asyncio.run(left_open())
