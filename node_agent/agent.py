@@ -169,6 +169,9 @@ class Agent:
                     reason, self._orphan_grace_s)
         self._ranks.discard_standbys()
         self._usage.stop()
+        closing = asyncio.create_task(self._links.close())  # the session's probes, listeners
+        self._tasks.add(closing)
+        closing.add_done_callback(self._tasks.discard)
         self._orphan.begin(self._orphan_grace_s)
         return False
 
