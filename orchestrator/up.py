@@ -71,6 +71,7 @@ class Service:
         self._signals = 0
         self._shutdown = asyncio.Event()
         self._force = asyncio.Event()
+        self._keep_ranks = False  # `down --keep-ranks`: exit, the gang serves on to be adopted
         self.placement: Placement | None = None  # decided at preflight, kept for relaunches
 
     async def run(self) -> int:
@@ -115,8 +116,9 @@ class Service:
                 await self._serve(pool)
             finally:
                 await pool.close_all()
-                remove_state(self.state_file)
-                launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
+                if not self._keep_ranks:  # else `status`, `down` and `up` find the gang by them
+                    remove_state(self.state_file)
+                    launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
         return EXIT_OK
 
     async def _prepare(
@@ -232,8 +234,12 @@ class Service:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._drained(gateway)), grace + 1)
         server.force_exit = True
-        log.info("stopping every rank")
-        self.supervisor.request_stop(force=self._force.is_set())
+        if self._keep_ranks:
+            log.info("exiting; the ranks keep serving for up to %g s: `orchestrator up` adopts "
+                     "them, `orchestrator down` ends them", self.spec.supervisor.orphan_grace_s)
+        else:
+            log.info("stopping every rank")
+        self.supervisor.request_stop(force=self._force.is_set(), keep_ranks=self._keep_ranks)
         result = await supervision
         with contextlib.suppress(BaseException):
             await gateway
@@ -282,6 +288,13 @@ class Service:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_stop_signal)
         loop.add_signal_handler(signal.SIGHUP, lambda: self.supervisor.request_restart())
+        loop.add_signal_handler(signal.SIGUSR1, self._on_keep_ranks_signal)
+
+    def _on_keep_ranks_signal(self) -> None:
+        """`down --keep-ranks`: stop like `down` but leave the ranks serving for adoption."""
+        if self.spec.supervisor.orphan_grace_s > 0:
+            self._keep_ranks = True
+        self._shutdown.set()
 
     def _on_stop_signal(self) -> None:
         self._signals += 1

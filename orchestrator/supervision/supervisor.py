@@ -94,7 +94,7 @@ class Supervisor:
         self._restart = asyncio.Event()
         self._changed = asyncio.Event()
         self._ready_since = 0.0
-        self._force = False
+        self._force = self._keep_ranks = False
         self._woken_at = float("-inf")
         self._wakes: set[asyncio.Task[None]] = set()
         self.draining = False
@@ -160,9 +160,9 @@ class Supervisor:
         self.draining = True
         self._pulse()
 
-    def request_stop(self, force: bool = False) -> None:
-        """End the run; with force, ranks get SIGKILL at once instead of a grace period."""
-        self._force = self._force or force
+    def request_stop(self, force: bool = False, keep_ranks: bool = False) -> None:
+        """End the run; force: SIGKILL at once; keep_ranks: they serve on, to be adopted."""
+        self._force, self._keep_ranks = self._force or force, keep_ranks
         self._stop.set()
 
     def adopt(self, gang: Gang) -> None:  # serve this running gang first: no pre-launch checks
@@ -183,7 +183,7 @@ class Supervisor:
                 if result is None or not await self._recover(result):
                     break
         finally:
-            await self._stop_gang()
+            await (self._unwatch() if self._keep_ranks else self._stop_gang())
             self.machine.to(GangState.STOPPED, "stop requested")
         return RunResult(self.restarts, self.history[-1] if self.history else None)
 

@@ -89,8 +89,9 @@ def _kill_under_load(first: Orchestrator, url: str, leftovers: set[int]) -> dict
 def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) -> None:
     """kill -9 of `up` under load: in-flight requests fail (none hangs), `status` tells of
     the orphaned gang; a new `up` serves within seconds on the very rank processes (no
-    launch, no model load) and every request then succeeds. kill -9 again, then `down`
-    with no orchestrator running: it reaches the agents and ends ranks and agents."""
+    launch, no model load) and every request then succeeds. `down --keep-ranks` ends only
+    the orchestrator; then `down` with no orchestrator running reaches the agents and ends
+    ranks and agents."""
     # The bundled model, 3 ranks (pipeline): the full launch timed is a real model load.
     # Standby ranks (3 MLX imports) would compete for the cores with the requests timed.
     config = write_cluster(tmp_path, BUNDLED, LOCAL3, model={"id": "tiny"},
@@ -123,8 +124,12 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
         assert after == ["ok"] * 6, after
         print(f"6 requests after adoption: {time.monotonic() - t:.1f} s")
         assert adopt_s < relaunch_s, (adopt_s, relaunch_s)
-        second.process.kill()  # and again: now `down`, with no orchestrator running
-        second.wait_exit()
+        # The upgrade path: only the orchestrator exits; the gang serves on, orphaned.
+        kept = run_cli("down", str(config), "--keep-ranks")
+        assert kept.returncode == 0 and "the ranks serve on" in kept.stdout, kept
+        assert second.wait_exit() == 0
+        assert wait_gone(set(before.values()), timeout_s=1.0) == set(before.values())
+        assert "orphaned since" in run_cli("status", str(config)).stdout
         t = time.monotonic()
         down = run_cli("down", str(config))
         assert down.returncode == 0 and "orchestrator was gone" in down.stdout, down
