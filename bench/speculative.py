@@ -1,14 +1,17 @@
-"""Benchmark: speculative decoding (prompt lookup) on vs off, side by side in one run.
+"""Benchmark: speculative decoding (prompt lookup, draft model) on vs off, side by side.
 
-For each rank count, our ranks are started once with `[serving] speculative = "off"` and
-once with "prompt_lookup", and run the same single-stream workloads: a code edit (a file
-to repeat with one change: what prompt lookup is for) and open-ended chat (where it
-rarely finds a match). Per workload: TTFT, decode tokens/s ((completion tokens - 1) /
-first-to-last chunk), and the acceptance rate (accepted / drafted tokens, from /metrics).
+For each rank count, our ranks are started once with `[serving] speculative = "off"`,
+once with "prompt_lookup" and once with "draft" (--draft-model: the bundled model in 4-bit
+by default, drafting for the target as served), and run the same single-stream
+workloads: a code edit (a file to repeat with one change: what prompt lookup is for) and
+open-ended chat (where it rarely finds a match). Per workload: TTFT, decode tokens/s
+((completion tokens - 1) / first-to-last chunk), and the acceptance rate (accepted /
+drafted tokens, from /metrics).
 At 2 ranks a model whose KV heads do not split in 2 (SmolLM2) runs as a pipeline.
 Figures go to bench/results/speculative-<timestamp>.json and a table is printed.
 
     flock /tmp/mlxco-e2e.lock .venv/bin/python bench/speculative.py --ranks 1 2
+    flock /tmp/mlxco-e2e.lock .venv/bin/python bench/speculative.py --ranks 1 --modes off draft
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ WORKLOADS = {
     "function `merge` renamed to `merged`. Reply with the code only.",
     "chat": "Write a long, detailed story about a lighthouse keeper and a storm.",
 }
-MODES = ("off", "prompt_lookup")
+MODES = ("off", "prompt_lookup", "draft")
 
 
 @dataclass
@@ -109,8 +112,10 @@ def bench_launch(model_dir: Path, ranks: int, mode: str, args: argparse.Namespac
     layout = "pipeline" if split else "tensor"
     work = args.workdir / f"{mode}-{ranks}"
     figures = [Figures(ranks, layout, mode, name) for name in WORKLOADS]
+    draft = {"draft_model": str(args.draft_dir)} if mode == "draft" else {}
     with rank_cluster(work, model_dir, ranks, served_model_id="m", pipeline_split=split,
-                      speculative=mode, num_draft_tokens=args.draft_tokens) as cluster:
+                      speculative=mode, num_draft_tokens=args.draft_tokens,
+                      **draft) as cluster:  # type: ignore[arg-type]
         url = cluster.base_url
         one_stream(url, "Say hello.", 8)  # warm-up
         for rep in range(args.repeats):
@@ -149,19 +154,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draft-tokens", type=int, default=4)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--draft-model", default="bundled:smollm2-135m-instruct",
+                        help="for mode draft; bundled: models in 4-bit")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/speculative-bench"))
     args = parser.parse_args()
     model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
                         float32=find_openblas() is not None)  # as the ranks serve it
+    args.draft_dir = resolve(RankSettings(model=ModelSettings(path=args.draft_model)))
     figures: list[Figures] = []
     for ranks in args.ranks:
-        for mode in MODES:
+        for mode in args.modes:
             figures.extend(bench_launch(model_dir, ranks, mode, args))
     print_table(figures)
     out = REPO / "bench" / "results" / f"speculative-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,
-            "draft_tokens": args.draft_tokens, "cpu_count": os.cpu_count()}
+            "draft_tokens": args.draft_tokens, "draft_model": args.draft_model,
+            "cpu_count": os.cpu_count()}
     out.write_text(json.dumps({"meta": meta, "figures": [asdict(f) for f in figures]},
                               indent=2))
     print(f"\nwrote {out}")

@@ -91,9 +91,12 @@ class ServingSettings(Section):
     prompt_cache_gb: Annotated[float, Meta(ge=0)] | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
-    # Speculative decoding while one greedy request runs alone: "prompt_lookup" drafts
-    # from the prompt and text so far (serving/engine/speculative.py).
-    speculative: Literal["off", "prompt_lookup"] = "off"
+    # Speculative decoding while one request runs alone: "prompt_lookup" drafts from the
+    # prompt and text so far, "draft" from draft_model (serving/engine/speculative.py).
+    speculative: Literal["off", "prompt_lookup", "draft"] = "off"
+    # speculative = "draft": a small model of the same tokenizer, in [model] path's forms
+    # (a directory, bundled:NAME); rank 0 alone loads and runs it, unsharded.
+    draft_model: str | None = None
     num_draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] = 4  # drafts per step
 
 
@@ -135,6 +138,7 @@ def settings_problems(model: ModelSettings, serving: ServingSettings) -> list[Pr
         problems.append(
             Problem("model.id", "is empty", "remove it to use the model's directory name")
         )
+    problems.extend(_draft_problems(serving))
     if serving.max_tokens_default > serving.max_tokens_limit:
         problems.append(
             Problem(
@@ -145,6 +149,19 @@ def settings_problems(model: ModelSettings, serving: ServingSettings) -> list[Pr
             )
         )
     return problems
+
+
+def _draft_problems(serving: ServingSettings) -> list[Problem]:
+    """speculative = "draft" and draft_model go together."""
+    if serving.speculative == "draft" and not (serving.draft_model or "").strip():
+        return [Problem("serving.draft_model", 'is missing (speculative = "draft")',
+                        "give a small model of the same tokenizer (a directory or "
+                        'bundled:NAME), or set speculative = "prompt_lookup"')]
+    if serving.draft_model is not None and serving.speculative != "draft":
+        return [Problem("serving.draft_model",
+                        f"is set but speculative is {serving.speculative!r}",
+                        'set speculative = "draft", or remove draft_model')]
+    return []
 
 
 def load_settings(path: Path) -> RankSettings:

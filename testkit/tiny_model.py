@@ -42,12 +42,14 @@ def write_tiny_model(
     seed: int = 0,
     model_cache_dir: Path | None = None,
     model_type: str = "llama",
+    vocab_size: int | None = None,
 ) -> Path:
     """Write a random-weight Llama into `dest` (created if needed) and return `dest`.
 
     `model_cache_dir` is where the bundled model (the tokenizer's source) is converted;
     None means the default cache. `model_type` "qwen3" writes a dense Qwen3 instead (its
-    attention adds per-head q/k norms)."""
+    attention adds per-head q/k norms). `vocab_size`: embedding rows other than the
+    tokenizer's (a model of another vocabulary)."""
     if model_type not in ("llama", "qwen3"):
         raise ValueError(f"model_type {model_type!r}: the tiny model is 'llama' or 'qwen3'")
     if hidden_size % num_heads or num_heads % num_kv_heads:
@@ -64,7 +66,9 @@ def write_tiny_model(
     if model_type == "qwen3":
         config |= {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
                    "head_dim": hidden_size // num_heads}
-    weights = _random_weights(config, _control_token_ids(source), seed)
+    config["vocab_size"] = vocab_size or config["vocab_size"]
+    controls = [i for i in _control_token_ids(source) if i < config["vocab_size"]]
+    weights = _random_weights(config, controls, seed)
     _save(dest, config, weights)
     return dest
 

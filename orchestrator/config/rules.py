@@ -333,6 +333,14 @@ def _model(spec: ClusterSpec) -> Iterator[ConfigIssue]:
 
 
 def _settings(spec: ClusterSpec) -> Iterator[ConfigIssue]:
+    draft = spec.serving.draft_model or ""
+    bundled = draft.removeprefix(BUNDLED_PREFIX)
+    if draft.startswith(BUNDLED_PREFIX) and bundled not in BUNDLED_MODELS:
+        yield ConfigIssue("serving.draft_model", f"unknown bundled model {draft!r}",
+                          f"use one of: {known_bundled_specs()}")
+    if is_hub(draft):  # `up` fetches [model] path's hub model only
+        yield ConfigIssue("serving.draft_model", "hf: draft models are not fetched",
+                          "download it and give its directory on rank 0's node")
     for problem in settings_problems(spec.model, spec.serving):
         yield ConfigIssue(problem.path, problem.message, problem.fix)
 

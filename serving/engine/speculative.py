@@ -21,7 +21,7 @@ logit bias take normal steps too (their processors see one token at a time).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -33,6 +33,13 @@ from serving.engine import draft_lookup
 from serving.engine.batch import MirroredBatch, TokenEvent
 from serving.engine.sampling import SeededSampler
 from serving.engine.step_plan import SamplingParams
+
+
+class DraftProposer(Protocol):
+    """A draft model's proposals (serving/engine/draft_model.py)."""
+
+    def propose(self, tokens: list[int], k: int) -> list[int]: ...
+    def reset(self) -> None: ...
 
 
 class SpeculationUnsupported(Exception):
@@ -192,22 +199,35 @@ def _advance(
 class Speculator:
     """Rank 0's side: which steps speculate, the drafts, the counters."""
 
-    def __init__(self, num_draft_tokens: int, metrics: Any) -> None:
+    def __init__(
+        self, num_draft_tokens: int, metrics: Any, draft: DraftProposer | None = None
+    ) -> None:
         self.slots = num_draft_tokens
         self._metrics = metrics
+        self._draft = draft  # None: prompt lookup
         self.last_accepted = 0  # in the latest finished step (the next plan carries it)
 
     def slots_for(self, running: list[SamplingParams], changes_batch: bool) -> int:
         """The next step's draft slots: k when one sequence without logits processors
         runs alone and the plan leaves the batch as it is; 0 (a normal step) otherwise."""
         alone = len(running) == 1 and not changes_batch
-        return self.slots if alone and wants_speculation(running[0]) else 0
+        slots = self.slots if alone and wants_speculation(running[0]) else 0
+        if not slots and self._draft is not None:
+            self._draft.reset()  # the sequence ended or has company: its draft cache goes
+        return slots
 
     def propose(self, batch: MirroredBatch, slots: int, channel: Any) -> list[int]:
         """At the start of a step with draft slots: rank 0's drafts, sent to the workers
-        (none when the sequence finished or is still reading its prompt)."""
+        (none when the sequence finished or is still reading its prompt). A draft model
+        proposes greedily, so each draft is certain given the text before it: the accept
+        rules below hold for its drafts as for prompt lookup's."""
         budget = draft_budget(batch, slots)
-        drafts = draft_lookup.propose(*budget) if budget else []
+        drafts: list[int] = []
+        if budget and self._draft is not None:
+            with mx.stream(batch.stream):
+                drafts = self._draft.propose(*budget)
+        elif budget:
+            drafts = draft_lookup.propose(*budget)
         if channel is not None:
             channel.send_drafts(drafts, slots)
         return drafts

@@ -34,13 +34,16 @@ class LoadedModel:
     context_length: int
     vocab_size: int
     path: Path
+    draft: Any = None  # rank 0's draft model (serving/engine/draft_model.py), if any
 
 
-def resolve(settings: RankSettings, float32: bool = False) -> Path:
+def resolve(settings: RankSettings, float32: bool = False, spec: str | None = None) -> Path:
     """A local model directory as is; a `bundled:` spec converted once into the cache
-    (`float32`: dequantized, for an optimized BLAS)."""
-    if not settings.model.path.startswith(BUNDLED_PREFIX):
-        path = Path(settings.model.path).expanduser()
+    (`float32`: dequantized, for an optimized BLAS). `spec`: another model than [model]
+    path, in the same forms (the draft model)."""
+    spec = spec or settings.model.path
+    if not spec.startswith(BUNDLED_PREFIX):
+        path = Path(spec).expanduser()
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"model directory {path} has no config.json")
         return path
@@ -48,9 +51,9 @@ def resolve(settings: RankSettings, float32: bool = False) -> Path:
 
     cache = Path(settings.model_cache_dir).expanduser() if settings.model_cache_dir else None
     try:
-        return resolve_model(settings.model.path, cache_dir=cache, float32=float32)
+        return resolve_model(spec, cache_dir=cache, float32=float32)
     except Exception as exc:
-        raise ModelLoadError(f"cannot resolve model {settings.model.path!r}: {exc}") from exc
+        raise ModelLoadError(f"cannot resolve model {spec!r}: {exc}") from exc
 
 
 def _bundled_as_float32(settings: RankSettings, group: mx.distributed.Group) -> bool:

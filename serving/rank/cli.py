@@ -29,6 +29,7 @@ _FLAGS: dict[str, tuple[str, str, type]] = {
     "prompt_cache_size": ("serving", "prompt_cache_size", int),
     "speculative": ("serving", "speculative", str),
     "num_draft_tokens": ("serving", "num_draft_tokens", int),
+    "draft_model": ("serving", "draft_model", str),
 }
 _ALIASES = {"api_port": ["--port"], "api_host": ["--host"]}
 

@@ -104,7 +104,8 @@ class Rank0:
             metrics=self.state.metrics,
             pacer=PrefillPacer(batch.max_prefill_chunk, self.settings.serving.prefill_max_slowdown),
             comm_profile=self.settings.serving.comm_profile,
-            speculator=Speculator(self.settings.serving.num_draft_tokens, self.state.metrics)
+            speculator=Speculator(self.settings.serving.num_draft_tokens, self.state.metrics,
+                                  loaded.draft)
             if self.settings.serving.speculative != "off" else None,
         )
         self.peer_watch.before_exit = lambda: engine.fail_all(

@@ -43,6 +43,10 @@ def load_and_sync(
 ) -> LoadedModel:
     faults.on_load()
     loaded = load(settings, group)
+    if settings.serving.speculative == "draft" and group.rank() == 0:
+        from serving.engine.draft_model import load_draft  # rank 0 alone: no collectives
+
+        loaded.draft = load_draft(settings, loaded)
     barrier(group)
     log.info("all %d ranks loaded", group.size())
     return loaded

@@ -113,3 +113,23 @@ def test_a_request_joining_a_speculating_one_stays_in_step(
         assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
         for rank in range(3):
             assert "DESYNC" not in cluster.log_text(rank)
+
+
+@pytest.mark.parametrize("ranks", [1, 3], ids=["1-rank", "3-tensor-ranks"])
+def test_greedy_with_a_draft_model_is_plain_greedy(
+    tmp_path: Path, bundled_model_dir: Path, bundled_quantized_dir: Path, plain: str,
+    ranks: int,
+) -> None:
+    """speculative = "draft": the 4-bit bundled model drafts on rank 0 alone for the
+    target (float32 where OpenBLAS is installed); workers verify as for prompt lookup."""
+    with rank_cluster(tmp_path, bundled_model_dir, ranks, served_model_id="m",
+                      speculative="draft", draft_model=str(bundled_quantized_dir),
+                      num_draft_tokens=4) as cluster:
+        url = cluster.base_url
+        body = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS, temperature=0)
+        assert summary(body) == plain
+        accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+        assert 0 < accepted <= metric_value(url, "serving_spec_draft_tokens_total")
+        assert "draft model" in cluster.log_text(0)
+        for rank in range(1, ranks):
+            assert "draft model" not in cluster.log_text(rank)

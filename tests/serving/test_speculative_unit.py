@@ -116,7 +116,7 @@ def test_config_refuses_an_unknown_speculative_mode(tmp_path: Path) -> None:
     file = tmp_path / "cluster.toml"
     file.write_text(textwrap.dedent("""
         [serving]
-        speculative = "draft"
+        speculative = "medusa"
         num_draft_tokens = 40
 
         [[nodes]]
@@ -125,8 +125,35 @@ def test_config_refuses_an_unknown_speculative_mode(tmp_path: Path) -> None:
     with pytest.raises(ConfigErrors) as caught:
         check_cluster_file(file)
     by_path = {issue.path: issue for issue in caught.value.issues}
-    assert "'off', 'prompt_lookup'" in by_path["serving.speculative"].fix
+    assert "'off', 'prompt_lookup', 'draft'" in by_path["serving.speculative"].fix
     assert "serving.num_draft_tokens" in by_path
+
+
+@pytest.mark.parametrize(("serving", "message"), [
+    ('speculative = "draft"', 'is missing (speculative = "draft")'),
+    ('speculative = "prompt_lookup"\ndraft_model = "/m"', "speculative is 'prompt_lookup'"),
+    ('draft_model = "/m"', "speculative is 'off'"),
+    ('speculative = "draft"\ndraft_model = "bundled:nope"', "unknown bundled model"),
+    ('speculative = "draft"\ndraft_model = "hf:org/name"', "hf: draft models are not fetched"),
+])
+def test_config_refuses_a_draft_model_without_draft_mode_and_back(
+    tmp_path: Path, serving: str, message: str
+) -> None:
+    """speculative = "draft" and draft_model go together; bundled names are checked."""
+    file = tmp_path / "cluster.toml"
+    file.write_text(f'[serving]\n{serving}\n\n[[nodes]]\nname = "a"\n')
+    with pytest.raises(ConfigErrors) as caught:
+        check_cluster_file(file)
+    by_path = {issue.path: issue for issue in caught.value.issues}
+    assert message in by_path["serving.draft_model"].message, by_path
+
+
+def test_config_takes_a_draft_model_in_draft_mode(tmp_path: Path) -> None:
+    file = tmp_path / "cluster.toml"
+    file.write_text('[serving]\nspeculative = "draft"\n'
+                    'draft_model = "bundled:smollm2-135m-instruct"\n\n[[nodes]]\nname = "a"\n')
+    spec = check_cluster_file(file)[0]
+    assert spec.serving.draft_model == "bundled:smollm2-135m-instruct"
 
 
 def test_a_model_whose_cache_cannot_trim_back_is_refused() -> None:
