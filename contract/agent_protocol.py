@@ -2,22 +2,20 @@
 
     orchestrator ──Request (id)──────▶ agent   Open, Fingerprint, Spawn, Stop, Ping, ListRanks,
                                                  CheckPorts, Reap, Listen, Unlisten, Connect,
-                                                 WatchLinks, WatchUsage, Wake, FindRdmaHolders
+                                                 WatchLinks, WatchUsage, Wake, FindRdmaHolders,
+                                                 Adopt (contract/adoption.py)
     orchestrator ◀──Reply (same id)─── agent   Ok, ErrorReply, FingerprintResult, Spawned,
                                                  Stopped, Pong, RankList, PortsResult, Reaped,
                                                  Reachable, RdmaHolders
     orchestrator ◀──Event (no id)───── agent   Hello (first line), Log, Exited, LinkState,
                                                  NodeUsage
 
-The model-sync requests and replies (ModelManifest, ModelPrepare, ModelPrefixHash,
-ModelFinalize → ManifestResult, ModelPrepared, PrefixHashes, ModelFinalized) live in
-contract/model_manifest.py and are members of the unions below.
-
-Every message carries its kind in the `type` field (a msgspec tagged union).
-The agent writes `Hello` as soon as it starts; the orchestrator's first request
-must be `Open` with its PROTOCOL_VERSION, which the agent refuses (and then
-exits) when it differs from its own. Importable without heavy dependencies:
-msgspec and the standard library only.
+The model-sync messages live in contract/model_manifest.py, members of the unions below.
+Every message carries its kind in the `type` field (a msgspec tagged union). The agent
+writes `Hello` on each new connection; the orchestrator's first request must be `Open`
+with its PROTOCOL_VERSION, which the agent refuses when it differs from its own, and then
+ends its ranks and exits. Hello's and Open's fields present in version 6 never change
+meaning: an orchestrator of any version can tell a left-over agent to go.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from typing import Literal
 import msgspec
 from msgspec import Struct
 
+from contract.adoption import Adopt, LaunchRecord
 from contract.fingerprint import MemoryInfo, NodeFingerprint
 from contract.message import Message
 from contract.model_manifest import (
@@ -42,7 +41,7 @@ from contract.model_manifest import (
     RelayRequest,
 )
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 # Error codes of ErrorReply.
 PROTOCOL_MISMATCH = "protocol_mismatch"
@@ -59,12 +58,15 @@ INTERNAL = "internal"
 
 
 class Open(Message, tag="open", kw_only=True):
-    """Handshake. lease_s: when set, the agent stops its ranks and exits if no
-    request arrives for that long (the handle pings every lease_s / 3)."""
+    """Handshake. lease_s: when set, no request for that long ends the session (the
+    handle pings every lease_s / 3). A session that ends (this, EOF, a broken write)
+    stops the ranks and the agent, unless orphan_grace_s > 0: then the ranks serve on
+    that long, waiting for an orchestrator to adopt them (node_agent/control.py)."""
 
     id: int = 0
     protocol_version: int
     lease_s: float | None = None
+    orphan_grace_s: float = 0.0
 
 
 class Fingerprint(Message, tag="fingerprint", kw_only=True):
@@ -85,11 +87,11 @@ class Spawn(Message, tag="spawn", kw_only=True):
     # Plain file name -> text, written (mode 0600) into cwd, which is created if missing:
     # the rank's settings and hostfile travel with the request, no extra copy step.
     files: dict[str, str] = msgspec.field(default_factory=dict)
-    # Start the process now but hold it before its real work: it runs with
-    # rank_env.STANDBY=1 and waits for rank_env.STANDBY_GO on stdin. A later Spawn equal
-    # in every field but id and standby adopts it (same pid) instead of starting a new
-    # process, so a relaunch skips interpreter start and imports.
+    # Start the process now but hold it (rank_env.STANDBY=1) until rank_env.STANDBY_GO on
+    # stdin: a later Spawn equal in every field but id and standby runs that very process
+    # (same pid), so a relaunch skips interpreter start and imports.
     standby: bool = False
+    launch: LaunchRecord | None = None  # kept while the gang runs, for an adopter
 
 
 class Stop(Message, tag="stop", kw_only=True):
@@ -117,8 +119,7 @@ class CheckPorts(Message, tag="check_ports", kw_only=True):
 
 
 class Reap(Message, tag="reap", kw_only=True):
-    """End a process a previous run left behind, only if its env carries launch_id
-    (in rank_env.LAUNCH_ID, which every rank of a launch is started with)."""
+    """End a process a previous run left behind, only if its env carries launch_id."""
 
     id: int = 0
     pid: int
@@ -157,9 +158,9 @@ class LinkTarget(Struct, frozen=True, kw_only=True):
 
 class WatchLinks(Message, tag="watch_links", kw_only=True):
     """Probe each target every interval_s while the gang runs (a TCP connect: an accept or
-    a refusal both prove the link carries packets); push LinkState when one changes.
-    A target is down after down_after probes in a row got no answer within timeout_s.
-    Replaces the previous watch; an empty list stops watching."""
+    a refusal both prove the link carries packets); push LinkState when one changes. A
+    target is down after down_after probes in a row got no answer within timeout_s. Replaces
+    the previous watch; an empty list stops watching."""
 
     id: int = 0
     targets: list[LinkTarget] = msgspec.field(default_factory=list)
@@ -206,10 +207,9 @@ Request = (
     | WatchUsage
     | Wake
     | FindRdmaHolders
-    | ModelManifest
-    | ModelPrepare
-    | ModelPrefixHash
-    | ModelFinalize | RelayRequest  # forwarding along the ring (contract/model_manifest.py)
+    | Adopt
+    | ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize
+    | RelayRequest  # forwarding along the ring (contract/model_manifest.py)
 )
 
 
@@ -254,6 +254,8 @@ class RankInfo(Struct, kw_only=True):
 class RankList(Message, tag="ranks", kw_only=True):
     id: int
     ranks: list[RankInfo] = msgspec.field(default_factory=list)
+    launch: LaunchRecord | None = None  # the running gang's, as its Spawn requests carried it
+    orphaned_since: float | None = None  # time.time() its last orchestrator went away
 
 
 class PortsResult(Message, tag="ports", kw_only=True):
@@ -360,18 +362,13 @@ Reply = (
     | Reaped
     | Reachable
     | RdmaHolders
-    | ManifestResult
-    | ModelPrepared
-    | PrefixHashes
-    | ModelFinalized | RelayReply
+    | ManifestResult | ModelPrepared | PrefixHashes | ModelFinalized | RelayReply
 )
 Event = Hello | Log | Exited | LinkState | NodeUsage
 AgentMessage = Reply | Event
 
 
-class _IdOnly(Struct):
-    """Salvages the id of a request that failed to decode, to address the error."""
-
+class _IdOnly(Struct):  # salvages the id of a request that failed to decode
     id: int | None = None
 
 

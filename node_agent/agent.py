@@ -1,32 +1,33 @@
-"""The agent's main loop: read requests from stdin, answer on stdout, push events.
+"""The agent's main loop: read requests from its orchestrator, answer, push events.
 
-Stop conditions, each followed by stopping every rank (SIGTERM to its group,
-SIGKILL after the grace period) and exiting:
-  - stdin reaches EOF (SSH channel lost, orchestrator gone),
-  - stdout breaks (nobody reads us any more),
-  - the lease set by `Open` expires without a request,
-  - SIGTERM, SIGINT or SIGHUP,
-  - the orchestrator speaks another protocol version (exit code 3).
+The orchestrator's session is stdin/stdout (the SSH channel, the local pipes) at first;
+with --socket, later ones arrive on a Unix socket (node_agent/agent_socket.py), one at
+a time: a connection while another is open is refused (agent_busy).
+
+A session ends when its input reaches EOF (SSH channel lost, orchestrator gone), a write
+fails, or the lease set by `Open` expires without a request. Then, if the orchestrator
+set orphan_grace_s and ranks run, the ranks serve on and the agent waits that long for
+an orchestrator to adopt them (node_agent/orphan.py); otherwise, and on SIGTERM or
+SIGINT, it stops every rank (SIGTERM to its group, SIGKILL after the grace period) and
+exits. An Open of another protocol version ends the ranks too (exit code 3).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from contract import agent_protocol as protocol
+from contract.adoption import Adopt, LaunchRecord
 from contract.agent_protocol import (
     PROTOCOL_VERSION,
     CheckPorts,
@@ -59,8 +60,6 @@ from contract.agent_protocol import (
     WatchUsage,
 )
 from contract.model_manifest import (
-    MODEL_IO,
-    ManifestResult,
     ModelFetch,
     ModelFinalize,
     ModelManifest,
@@ -68,12 +67,14 @@ from contract.model_manifest import (
     ModelPrepare,
     ModelServe,
 )
-from node_agent import AGENT_VERSION, host_ops, links, model_relay, model_store, rdma_holders
-from node_agent.code_digest import code_digest, code_root
+from node_agent import AGENT_VERSION, agent_socket, host_ops, links, model_relay, rdma_holders
+from node_agent.agent_requests import error_reply, model_request, safe_digest
+from node_agent.code_digest import code_root
 from node_agent.fingerprint import collect_fingerprint
 from node_agent.links import LinkProbes
-from node_agent.model_hashes import ModelFileError, build_manifest
-from node_agent.ranks import RankTable, SpawnError
+from node_agent.orphan import OrphanGrace, log_to_file
+from node_agent.ranks import RankTable
+from node_agent.sessions import Session, Sessions
 from node_agent.stdio import LineWriter, open_protocol_stdio
 from node_agent.usage import UsageReporter
 
@@ -81,35 +82,33 @@ log = logging.getLogger("node_agent")
 
 EXIT_OK = 0
 EXIT_PROTOCOL_MISMATCH = 3
+EXIT_SOCKET = 5  # another agent has the socket, or it cannot be trusted
 REQUEST_LINE_LIMIT = 16 << 20
 
 
 class Agent:
-    def __init__(self, reader: asyncio.StreamReader, writer: LineWriter, grace_s: float) -> None:
-        self._reader = reader
-        self._writer = writer
+    def __init__(self, grace_s: float, socket_path: str | None = None) -> None:
         self._grace_s = grace_s
+        self._socket_path = socket_path
+        self._server: asyncio.Server | None = None
+        self._socket: Path | None = None
         self._root = code_root()
         self._digest: str | None = None
         self._ranks = RankTable(self.emit, self._root)
         self._links = LinkProbes(self.emit)
         self._usage = UsageReporter(self.emit, self._ranks.pids)
-        self._opened = False
-        self._last_request = time.monotonic()
+        self._sessions = Sessions(self._hello, self._handle_line, self._session_ended)
+        self._orphan_grace_s = 0.0
+        self._orphan = OrphanGrace(self.shutdown)
+        self._launch: LaunchRecord | None = None  # the running gang's, for an adopter
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._exit_code = EXIT_OK
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def emit(self, msg: Message) -> None:
-        """Write one line; a broken stdout means the orchestrator is gone: shut down."""
-        if self._writer.is_closing():
-            return
-        try:
-            self._writer.write(protocol.encode(msg))
-            await self._writer.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            self.shutdown(f"stdout closed ({exc})")
+        """Push to the open session; nobody hears it while the agent is orphaned."""
+        await self._sessions.send(self._sessions.current, msg)
 
     def shutdown(self, reason: str, exit_code: int = EXIT_OK) -> None:
         if not self._stop.is_set():
@@ -117,146 +116,156 @@ class Agent:
             self._exit_code = exit_code
             self._stop.set()
 
-    async def run(self) -> int:
-        self._digest = await asyncio.to_thread(_safe_digest, self._root)
-        await self.emit(
-            Hello(
-                agent_version=AGENT_VERSION,
-                protocol_version=PROTOCOL_VERSION,
-                pid=os.getpid(),
-                hostname=socket.gethostname(),
-                python=sys.executable,
-                code_digest=self._digest,
-            )
-        )
-        reader = asyncio.create_task(self._read_loop())
+    def on_sighup(self) -> None:
+        """sshd may hang up with the channel: a gang kept for an adopter ignores it."""
+        if self._orphan_grace_s > 0 and len(self._ranks):
+            log.info("SIGHUP ignored: the ranks serve on for orphan_grace_s")
+        else:
+            self.shutdown("received SIGHUP")
+
+    async def run(self, reader: asyncio.StreamReader, writer: LineWriter) -> int:
+        self._digest = await asyncio.to_thread(safe_digest, self._root)
+        if self._socket_path:
+            try:
+                self._server, self._socket = await agent_socket.serve(
+                    self._socket_path, self._attach_client
+                )
+            except (agent_socket.SocketRefused, OSError) as exc:
+                log.error("cannot listen on the agent socket: %s", exc)
+                return EXIT_SOCKET
+        self._sessions.attach(Session(reader, writer))
         await self._stop.wait()
         log.info("shutting down: %s", self._stop_reason)
-        reader.cancel()
+        self._sessions.accepting = False  # a connection now is told: busy (ending)
         await self._links.close()
         self._usage.stop()
         self._ranks.discard_standbys()
         if len(self._ranks):
             await self._ranks.stop(None, self._grace_s)
+        if self._server is not None:  # gone with the ranks: the next agent may take it
+            self._server.close()
+            if self._socket is not None:
+                self._socket.unlink(missing_ok=True)
         for task in list(self._tasks):
             task.cancel()
-        self._writer.close()  # flushes what is buffered (the last exited events)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._writer.wait_closed(), 5.0)
+        await self._sessions.close()
         return self._exit_code
 
-    async def _read_loop(self) -> None:
-        while True:
-            try:
-                line = await self._reader.readline()
-            except (ValueError, asyncio.LimitOverrunError):
-                await self.emit(
-                    ErrorReply(id=None, code=protocol.BAD_REQUEST, message="request line too long")
-                )
-                continue
-            except ConnectionError:
-                line = b""
-            if not line:
-                self.shutdown("stdin closed")
-                return
-            if line.strip():
-                self._last_request = time.monotonic()
-                await self._handle_line(line)
+    async def _attach_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await self._sessions.on_client(reader, writer)
+        if self._sessions.current is not None:
+            self._orphan.pause()
 
-    async def _lease_loop(self, lease_s: float) -> None:
-        """Sleeps until the lease could expire; no request within lease_s ends the agent."""
-        while True:
-            remaining = self._last_request + lease_s - time.monotonic()
-            if remaining <= 0:
-                self.shutdown(f"no request for {lease_s:g} s (lease expired)")
-                return
-            await asyncio.sleep(remaining)
+    def _session_ended(self, reason: str) -> bool:
+        """The orchestrator is gone: keep the gang for an adopter (False), or stop (True)."""
+        if not (self._orphan_grace_s > 0 and len(self._ranks) and self._server is not None):
+            self.shutdown(reason)
+            return True
+        if self._socket is not None:  # first: stderr was the closed SSH channel's
+            log_to_file(self._socket.with_suffix(".log"))
+        log.warning("%s: the ranks serve on, up to %g s for an orchestrator to adopt them",
+                    reason, self._orphan_grace_s)
+        self._ranks.discard_standbys()
+        self._usage.stop()
+        closing = asyncio.create_task(self._links.close())  # the session's probes, listeners
+        self._tasks.add(closing)
+        closing.add_done_callback(self._tasks.discard)
+        self._orphan.begin(self._orphan_grace_s)
+        return False
 
-    async def _handle_line(self, line: bytes) -> None:
+    def _hello(self) -> Hello:
+        return Hello(
+            agent_version=AGENT_VERSION,
+            protocol_version=PROTOCOL_VERSION,
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+            python=sys.executable,
+            code_digest=self._digest,
+        )
+
+    async def _handle_line(self, session: Session, line: bytes) -> None:
         try:
             req = protocol.decode_request(line)
         except msgspec.DecodeError as exc:
-            await self.emit(
-                ErrorReply(
-                    id=protocol.salvage_id(line),
-                    code=protocol.BAD_REQUEST,
-                    message=f"cannot decode request: {exc}",
-                )
-            )
+            reply = ErrorReply(id=protocol.salvage_id(line), code=protocol.BAD_REQUEST,
+                               message=f"cannot decode request: {exc}")
+            await self._sessions.send(session, reply)
             return
         if isinstance(req, Open):
-            await self._open(req)
-        elif not self._opened:
-            await self._error(
-                req.id, protocol.HANDSHAKE_REQUIRED, "send `open` with the protocol version first"
-            )
+            await self._open(session, req)
+        elif not session.opened:
+            await self._sessions.send(session, ErrorReply(
+                id=req.id, code=protocol.HANDSHAKE_REQUIRED,
+                message="send `open` with the protocol version first"))
         elif isinstance(
             req,
             Stop | Fingerprint | Reap | Connect | ModelManifest | ModelPrepare | ModelPrefixHash
             | ModelFinalize | ModelServe | ModelFetch,
         ):
             # These wait (grace periods, tools): answer out of order, keep reading.
-            self._spawn_task(self._dispatch(req))
+            task = asyncio.create_task(self._dispatch(session, req))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         else:
-            await self._dispatch(req)
+            await self._dispatch(session, req)
 
-    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _open(self, req: Open) -> None:
+    async def _open(self, session: Session, req: Open) -> None:
         if req.protocol_version != PROTOCOL_VERSION:
-            await self._error(
-                req.id,
-                protocol.PROTOCOL_MISMATCH,
-                f"this agent (version {AGENT_VERSION}, at {self._root}) speaks protocol "
+            await self._sessions.send(session, ErrorReply(
+                id=req.id, code=protocol.PROTOCOL_MISMATCH,
+                message=f"this agent (version {AGENT_VERSION}, at {self._root}) speaks protocol "
                 f"{PROTOCOL_VERSION}, the orchestrator speaks {req.protocol_version}: "
-                "deploy the orchestrator's own node_agent code to this node",
-            )
+                "its ranks are ended; deploy the orchestrator's own node_agent code"))
             self.shutdown("protocol version mismatch", EXIT_PROTOCOL_MISMATCH)
             return
-        if self._opened:
-            await self._error(req.id, protocol.BAD_REQUEST, "the session is already open")
+        if session.opened:
+            await self._sessions.send(session, ErrorReply(
+                id=req.id, code=protocol.BAD_REQUEST, message="the session is already open"))
             return
-        self._opened = True
+        session.opened = True
+        self._orphan_grace_s = req.orphan_grace_s
         if req.lease_s:
-            self._spawn_task(self._lease_loop(req.lease_s))
-        await self.emit(Ok(id=req.id))
+            self._sessions.start_lease(session, req.lease_s)
+        await self._sessions.send(session, Ok(id=req.id))
 
-    async def _dispatch(self, req: Request) -> None:
+    async def _dispatch(self, session: Session, req: Request) -> None:
         try:
             reply = await self._answer(req)
-        except SpawnError as exc:
-            await self._error(req.id, protocol.SPAWN_FAILED, str(exc))
-        except model_store.StoreError as exc:
-            await self._error(req.id, exc.code, exc.message)
-        except ModelFileError as exc:
-            await self._error(req.id, MODEL_IO, str(exc))
-        except KeyError as exc:
-            await self._error(req.id, protocol.UNKNOWN_RANK, f"no running rank {exc}")
-        except OSError as exc:  # Listen on an address this node cannot bind
-            await self._error(req.id, protocol.BIND_FAILED, f"{exc.strerror or exc}")
         except Exception as exc:
-            # Not the request itself: a spawn's files hold rank 0's launch secret.
-            log.exception("request %s (id %s) failed", type(req).__name__, req.id)
-            await self._error(req.id, protocol.INTERNAL, f"{type(exc).__name__}: {exc}")
-        else:
-            await self.emit(reply)
+            reply = error_reply(req, exc)
+        await self._sessions.send(session, reply)  # only to the session that asked
 
     async def _answer(self, req: Request) -> Message:
         match req:
             case Ping():
                 return Pong(id=req.id, agent_time=time.time(), ranks=len(self._ranks))
             case ListRanks():
-                return RankList(id=req.id, ranks=self._ranks.infos())
+                return RankList(id=req.id, ranks=self._ranks.infos(),
+                                launch=self._launch if len(self._ranks) else None,
+                                orphaned_since=self._orphan.since)
             case Spawn():
                 started = await self._ranks.spawn(req)
+                if not req.standby:
+                    self._launch = req.launch
+                    self._orphan.adopted()
                 return Spawned(id=req.id, rank=req.rank, pid=started.proc.pid)
+            case Adopt():
+                self._orphan.adopted()
+                log.info("an orchestrator adopted launch %s", req.launch_id)
+                return Ok(id=req.id)
             case Stop():
                 if req.rank is not None and not self._ranks.has(req.rank):
                     raise KeyError(req.rank)
                 return Stopped(id=req.id, exits=await self._ranks.stop(req.rank, req.grace_s))
+            case Reap() if (rank := self._ranks.rank_of(req.pid, req.launch_id)) is not None:
+                await self._ranks.stop(rank, req.grace_s)  # ours: gone from the table too
+                return Reaped(id=req.id, pid=req.pid, killed=True, reason="ended")
+        return await self._answer_more(req)
+
+    async def _answer_more(self, req: Request) -> Message:
+        match req:
             case Fingerprint():
                 fp = await asyncio.to_thread(collect_fingerprint, req.model, self._digest)
                 return FingerprintResult(id=req.id, fingerprint=fp)
@@ -290,50 +299,20 @@ class Agent:
                 holders = await asyncio.to_thread(rdma_holders.find_holders)
                 return RdmaHolders(id=req.id, holders=holders)
             case ModelManifest() | ModelPrepare() | ModelPrefixHash() | ModelFinalize():
-                return await asyncio.to_thread(_model_request, req)
+                return await asyncio.to_thread(model_request, req)
             case ModelServe() | ModelFetch():
                 return await model_relay.handle(req)
         raise AssertionError(f"unhandled request {req!r}")
 
-    async def _error(self, req_id: int | None, code: str, message: str) -> None:
-        await self.emit(ErrorReply(id=req_id, code=code, message=message))
 
-
-def _model_request(
-    req: ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize,
-) -> Message:
-    """The sync requests: blocking file work (hashing), run in a thread."""
-    match req:
-        case ModelManifest():
-            root = model_store.model_path(req.path)
-            if not root.is_dir():
-                raise model_store.StoreError(MODEL_IO, f"{root} is not a directory on this node")
-            manifest, stats = build_manifest(root)
-            return ManifestResult(
-                id=req.id, path=str(root), manifest=manifest, hashed_bytes=stats.hashed_bytes
-            )
-        case ModelPrepare():
-            return model_store.prepare(req)
-        case ModelPrefixHash():
-            return model_store.prefix_hashes(req)
-        case ModelFinalize():
-            return model_store.finalize(req)
-
-
-def _safe_digest(root: Path) -> str | None:
-    try:
-        return code_digest(root)
-    except OSError:
-        return None
-
-
-async def _amain(grace_s: float) -> int:
+async def _amain(grace_s: float, socket_path: str | None) -> int:
     reader, writer = await open_protocol_stdio(REQUEST_LINE_LIMIT)
-    agent = Agent(reader, writer, grace_s)
+    agent = Agent(grace_s, socket_path)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.shutdown, f"received {sig.name}")
-    return await agent.run()
+    loop.add_signal_handler(signal.SIGHUP, agent.on_sighup)
+    return await agent.run(reader, writer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds between SIGTERM and SIGKILL when the agent shuts down",
     )
     parser.add_argument(
+        "--socket",
+        help="Unix socket where later orchestrators reach this agent (\"~\" is expanded)",
+    )
+    parser.add_argument(
         "--version",
         action="version",
         version=f"node_agent {AGENT_VERSION} (protocol {PROTOCOL_VERSION})",
@@ -359,4 +342,4 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format=f"node_agent[{os.getpid()}] %(levelname)s %(message)s",
     )
-    return asyncio.run(_amain(args.grace))
+    return asyncio.run(_amain(args.grace, args.socket))

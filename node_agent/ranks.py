@@ -198,6 +198,13 @@ class RankTable:
     def has(self, rank: int) -> bool:
         return rank in self._ranks
 
+    def rank_of(self, pid: int, launch_id: str) -> int | None:
+        """The rank number of our process pid of launch_id, if it is one."""
+        for rp in self._ranks.values():
+            if rp.pid == pid and rp.launch_id == launch_id:
+                return rp.rank
+        return None
+
     async def _stop_one(self, rp: RankProcess, grace_s: float) -> Exited:
         rp.stopping = True
         log.info("rank %d: SIGTERM to process group %d", rp.rank, rp.pid)

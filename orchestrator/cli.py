@@ -69,8 +69,9 @@ def _parser() -> argparse.ArgumentParser:
         "status", "show the running cluster at a glance", _status, config_optional=True
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    command(
-        "down", "stop the running cluster; no process of it is left", _down, config_optional=True
+    down_help = "stop the running cluster; no process of it is left"
+    command("down", down_help, _down, config_optional=True).add_argument(
+        "--keep-ranks", action="store_true", help=KEEP_RANKS_HELP
     )
     linktest_help = (
         "measure the links between the nodes (correctness, latency, all_sum bandwidth, and "
@@ -91,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
 
     add_service_command(commands)
     return parser
+
+
+KEEP_RANKS_HELP = (
+    "only the orchestrator exits (to upgrade it): the ranks serve on for [supervisor] "
+    "orphan_grace_s, and the next `up` adopts them with no model load"
+)
 
 
 class _Version(argparse.Action):
@@ -260,7 +267,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    return control.down(args.config)
+    return control.down(args.config, keep_ranks=args.keep_ranks)
 
 
 def _restart(args: argparse.Namespace) -> int:

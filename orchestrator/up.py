@@ -27,6 +27,7 @@ from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
 from orchestrator.launch import launch_secret
+from orchestrator.launch.adoption import adopt_or_clear, launch_record
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
 from orchestrator.launch.plan_command import describe
@@ -70,6 +71,7 @@ class Service:
         self._signals = 0
         self._shutdown = asyncio.Event()
         self._force = asyncio.Event()
+        self._keep_ranks = False  # `down --keep-ranks`: exit, the gang serves on to be adopted
         self.placement: Placement | None = None  # decided at preflight, kept for relaunches
 
     async def run(self) -> int:
@@ -103,10 +105,7 @@ class Service:
                 self.machine,
                 monitor,
                 Rank0Probe(http),
-                lambda: Gang(
-                    build_plan(self.spec, new_launch_id(), pool.fingerprints(), self.placement),
-                    pool,
-                ),
+                lambda: self._new_gang(pool),
                 links=links,
                 on_launch=self._record_launch,
             )
@@ -117,8 +116,9 @@ class Service:
                 await self._serve(pool)
             finally:
                 await pool.close_all()
-                remove_state(self.state_file)
-                launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
+                if not self._keep_ranks:  # else `status`, `down` and `up` find the gang by them
+                    remove_state(self.state_file)
+                    launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
         return EXIT_OK
 
     async def _prepare(
@@ -131,6 +131,12 @@ class Service:
             log.error("cannot reach node %s (%s): %s", error.node, error.kind, error.message)
         if errors:
             return False
+        adopted = await adopt_or_clear(self.spec, pool)
+        if adopted is not None:
+            self.machine.to(GangState.PREFLIGHT, f"adopting launch {adopted.launch_id}")
+            self.placement = adopted.plan.placement
+            self.supervisor.adopt(adopted)
+            return True
         if previous is not None:  # a crashed run's ranks, recorded before we overwrote its file
             await end_stale_ranks(pool, previous.ranks)
         if self.spec.model.sync and not await sync_before_up(self.spec, pool, self.config_path):
@@ -228,8 +234,12 @@ class Service:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._drained(gateway)), grace + 1)
         server.force_exit = True
-        log.info("stopping every rank")
-        self.supervisor.request_stop(force=self._force.is_set())
+        if self._keep_ranks:
+            log.info("exiting; the ranks keep serving for up to %g s: `orchestrator up` adopts "
+                     "them, `orchestrator down` ends them", self.spec.supervisor.orphan_grace_s)
+        else:
+            log.info("stopping every rank")
+        self.supervisor.request_stop(force=self._force.is_set(), keep_ranks=self._keep_ranks)
         result = await supervision
         with contextlib.suppress(BaseException):
             await gateway
@@ -240,6 +250,11 @@ class Service:
         await asyncio.wait(
             [gateway, asyncio.create_task(self._force.wait())], return_when=asyncio.FIRST_COMPLETED
         )
+
+    def _new_gang(self, pool: NodePool) -> Gang:
+        fingerprints = pool.fingerprints()
+        plan = build_plan(self.spec, new_launch_id(), fingerprints, self.placement)
+        return Gang(plan, pool, launch_record(self.spec, plan, fingerprints))
 
     def _record_launch(self, gang: Gang) -> None:
         # Kept for whoever must reach this launch's rank 0 later (an adopting orchestrator).
@@ -273,6 +288,13 @@ class Service:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_stop_signal)
         loop.add_signal_handler(signal.SIGHUP, lambda: self.supervisor.request_restart())
+        loop.add_signal_handler(signal.SIGUSR1, self._on_keep_ranks_signal)
+
+    def _on_keep_ranks_signal(self) -> None:
+        """`down --keep-ranks`: stop like `down` but leave the ranks serving for adoption."""
+        if self.spec.supervisor.orphan_grace_s > 0:
+            self._keep_ranks = True
+        self._shutdown.set()
 
     def _on_stop_signal(self) -> None:
         self._signals += 1

@@ -65,6 +65,9 @@ class SupervisorSection(Section):
     node_wait_s: PositiveSeconds = 600.0
     # Keep one started-and-imported rank process per rank waiting for the next launch.
     standby_ranks: bool = True
+    # When the orchestrator goes away (crash, kill, upgrade), each agent keeps its ranks
+    # serving this long for a new `up` to adopt them without a reload; 0: end them at once.
+    orphan_grace_s: NonNegativeSeconds = 0.0  # opt-in for now: see operations.md
 
 
 class PreflightSection(Section):

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 
 from contract import rank_env
-from contract.agent_protocol import Exited, Spawn
+from contract.adoption import LaunchRecord
+from contract.agent_protocol import Exited, RankInfo, Spawn
 from orchestrator.launch.plan import LaunchPlan, RankLaunch
 from orchestrator.state_file import RankRecord
 from orchestrator.transports import AgentRequestError, TransportError
@@ -45,10 +46,22 @@ class SpawnFailure:
 
 
 class Gang:
-    def __init__(self, plan: LaunchPlan, pool: NodePool) -> None:
+    def __init__(
+        self, plan: LaunchPlan, pool: NodePool, record: LaunchRecord | None = None
+    ) -> None:
         self.plan = plan
         self.pool = pool
+        self.record = record  # given to each agent with the ranks, for a later adopter
+        self.adopted = False  # its ranks were running already, started by an earlier run
         self.ranks = {launch.rank: LaunchedRank(launch.rank, launch.node) for launch in plan.ranks}
+
+    def adopt(self, running: list[RankInfo]) -> None:
+        """Take over these running ranks of this launch (orchestrator/launch/adoption.py)."""
+        self.adopted = True
+        for info in running:
+            if info.rank in self.ranks and info.launch_id == self.launch_id:
+                self.ranks[info.rank].pid = info.pid
+                self.ranks[info.rank].started_at = info.started_at
 
     @property
     def launch_id(self) -> str:
@@ -62,6 +75,8 @@ class Gang:
         """Rank 0 first (it hosts the coordinator and the API), the others once it is up.
 
         Returns every rank that could not be started (none: all run)."""
+        if self.adopted:
+            return []
         first, *rest = self.plan.ranks
         failed = await self._spawn(first)
         if failed is not None:
@@ -94,6 +109,7 @@ class Gang:
             files=launch.files,
             log_file=f"{launch.cwd}/{rank_env.LOG_FILE}",
             standby=standby,
+            launch=self.record,
         )
 
     async def _spawn(self, launch: RankLaunch) -> SpawnFailure | None:

@@ -23,6 +23,7 @@ from orchestrator.state_file import (
     state_path,
 )
 from orchestrator.status.model import ClusterStatus
+from orchestrator.status.orphans import end_orphaned_gangs, orphan_report
 from orchestrator.status.view import print_status
 from orchestrator.transports.pool import NodePool
 
@@ -32,6 +33,9 @@ EXIT_READY, EXIT_STARTING, EXIT_DOWN = 0, 1, 2
 def status(config: Path, as_json: bool) -> int:
     spec, _ = check_cluster_file(config)
     state = read_state(state_path(spec))
+    if state is not None and not orchestrator_alive(state) and not as_json:
+        print(asyncio.run(orphan_report(spec)))  # a crashed run's agents may serve on
+        return EXIT_DOWN
     if state is None or not orchestrator_alive(state):
         _say_not_running(spec.cluster.name, as_json)
         return EXIT_DOWN
@@ -81,17 +85,21 @@ def _say_not_running(
         print(f"{cluster}: {why}")
 
 
-def down(config: Path, timeout_s: float = 120.0) -> int:
-    """Ask the orchestrator to stop gracefully; if it is gone, end its recorded ranks ourselves."""
+def down(config: Path, timeout_s: float = 120.0, keep_ranks: bool = False) -> int:
+    """Ask the orchestrator to stop gracefully; if it is gone, end its recorded ranks ourselves.
+    With keep_ranks, only the orchestrator exits: the ranks serve on, for a new `up` to adopt."""
     spec, _ = check_cluster_file(config)
     path = state_path(spec)
     state = read_state(path)
     if state is None:
         print(f"{spec.cluster.name}: not running")
         return 0
+    if keep_ranks and not _can_keep_ranks(spec, state):
+        return EXIT_DOWN
     if orchestrator_alive(state):
-        os.kill(state.orchestrator_pid, signal.SIGTERM)
-        print(f"{spec.cluster.name}: asked orchestrator pid {state.orchestrator_pid} to stop")
+        os.kill(state.orchestrator_pid, signal.SIGUSR1 if keep_ranks else signal.SIGTERM)
+        print(f"{spec.cluster.name}: asked orchestrator pid {state.orchestrator_pid} to "
+              + ("exit, leaving the ranks serving" if keep_ranks else "stop"))
         deadline = time.monotonic() + timeout_s
         while orchestrator_alive(state):
             if time.monotonic() > deadline:
@@ -101,7 +109,11 @@ def down(config: Path, timeout_s: float = 120.0) -> int:
                 )
                 return 1
             time.sleep(0.2)
-        print(f"{spec.cluster.name}: stopped")
+        print(f"{spec.cluster.name}: " + (
+            f"orchestrator exited; the ranks serve on for up to "
+            f"{spec.supervisor.orphan_grace_s:g} s: `orchestrator up {config}` adopts them "
+            f"(no model load), `orchestrator down {config}` ends them" if keep_ranks
+            else "stopped"))
         return 0
     ended = asyncio.run(_end_recorded_ranks(spec, state))
     remove_state(path)
@@ -109,11 +121,24 @@ def down(config: Path, timeout_s: float = 120.0) -> int:
     return 0
 
 
+def _can_keep_ranks(spec: ClusterSpec, state: ClusterState) -> bool:
+    if not orchestrator_alive(state):
+        print(f"{spec.cluster.name}: no orchestrator is running; its ranks, if any, serve "
+              f"until `orchestrator up` adopts them or their orphan grace ends", file=sys.stderr)
+        return False
+    if spec.supervisor.orphan_grace_s <= 0:
+        print(f"{spec.cluster.name}: [supervisor] orphan_grace_s is 0, so the agents end "
+              f"their ranks when the orchestrator exits; set it (seconds) and `up` again to "
+              f"use --keep-ranks", file=sys.stderr)
+        return False
+    return True
+
+
 async def _end_recorded_ranks(spec: ClusterSpec, state: ClusterState) -> int:
     pool = NodePool(spec, on_event=lambda node, event: None, on_lost=lambda node, info: None)
     try:
         await pool.connect_all()
-        return await end_stale_ranks(pool, state.ranks)
+        return await end_stale_ranks(pool, state.ranks) + await end_orphaned_gangs(pool)
     finally:
         await pool.close_all()
 

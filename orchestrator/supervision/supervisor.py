@@ -86,6 +86,7 @@ class Supervisor:
         self.policy = RestartPolicy(spec.supervisor, clock)
         self.gang: Gang | None = None
         self._next_gang: Gang | None = None  # the next launch, its ranks started as standbys
+        self._adopted: Gang | None = None  # a previous run's gang, to serve on first
         self.restarts = 0
         self.history: deque[GangResult] = deque(maxlen=HISTORY)
         self.progress: ProgressWatch | None = None
@@ -93,7 +94,7 @@ class Supervisor:
         self._restart = asyncio.Event()
         self._changed = asyncio.Event()
         self._ready_since = 0.0
-        self._force = False
+        self._force = self._keep_ranks = False
         self._woken_at = float("-inf")
         self._wakes: set[asyncio.Task[None]] = set()
         self.draining = False
@@ -155,15 +156,17 @@ class Supervisor:
 
     # ── requests from the operator ──
 
-    def begin_drain(self) -> None:
-        """Shutdown began: requests waiting for a gang get their answer (503) now."""
+    def begin_drain(self) -> None:  # shutdown began: requests waiting get their 503 now
         self.draining = True
         self._pulse()
 
-    def request_stop(self, force: bool = False) -> None:
-        """End the run; with force, ranks get SIGKILL at once instead of a grace period."""
-        self._force = self._force or force
+    def request_stop(self, force: bool = False, keep_ranks: bool = False) -> None:
+        """End the run; force: SIGKILL at once; keep_ranks: they serve on, to be adopted."""
+        self._force, self._keep_ranks = self._force or force, keep_ranks
         self._stop.set()
+
+    def adopt(self, gang: Gang) -> None:  # serve this running gang first: no pre-launch checks
+        self._adopted = gang
 
     def request_restart(self) -> None:
         """`orchestrator restart` / SIGHUP: a fresh restart budget, and a relaunch if failed."""
@@ -180,7 +183,7 @@ class Supervisor:
                 if result is None or not await self._recover(result):
                     break
         finally:
-            await self._stop_gang()
+            await (self._unwatch() if self._keep_ranks else self._stop_gang())
             self.machine.to(GangState.STOPPED, "stop requested")
         return RunResult(self.restarts, self.history[-1] if self.history else None)
 
@@ -229,14 +232,15 @@ class Supervisor:
             ]
         if self.gang is not None:
             await end_stale_ranks(self.pool, self.gang.unconfirmed())
-        devices = await rdma_device_problems(self.spec, self.pool, self._clock())
-        if devices:
-            return devices
-        lost = await self.waits.links()
-        if lost is None or lost:
-            return lost or []  # nodes lost meanwhile; none when a stop request came
-        gang = self.gang = self._next_gang or self._new_gang()
-        self._next_gang = None
+        if self._adopted is None:  # an adopted gang holds its ports and devices already
+            devices = await rdma_device_problems(self.spec, self.pool, self._clock())
+            if devices:
+                return devices
+            lost = await self.waits.links()
+            if lost is None or lost:
+                return lost or []  # nodes lost meanwhile; none when a stop request came
+        gang = self.gang = self._adopted or self._next_gang or self._new_gang()
+        self._next_gang = self._adopted = None
         self._launch_ids.add(gang.launch_id)
         self.monitor.watch(gang)
         log.info("launching %d ranks, launch %s", self.spec.world_size, gang.launch_id)
@@ -382,8 +386,7 @@ class Supervisor:
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
 
-    async def _unwatch(self) -> None:
-        """End the link probes; a node that is away does not hold the stop up."""
+    async def _unwatch(self) -> None:  # end the link probes; a node away does not hold it up
         if self.links is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.links.unwatch(), STOP_ANSWER_S)
@@ -392,7 +395,6 @@ class Supervisor:
         self.metrics.state.state(new.value)
         self._pulse()
 
-    def _pulse(self) -> None:
-        """Wake everything waiting in wait_for_upstream to look again."""
+    def _pulse(self) -> None:  # wake everything in wait_for_upstream to look again
         self._changed.set()
         self._changed = asyncio.Event()

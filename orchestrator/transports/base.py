@@ -14,7 +14,9 @@ Subclasses: LocalTransport (a subprocess on this machine) and SshTransport
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from orchestrator.config import NodeSpec
 from orchestrator.transports.deploy import CodeBundle, deploy_code
 from orchestrator.transports.errors import ErrorKind, TransportError
 from orchestrator.transports.files import NodeFiles
-from orchestrator.transports.handle import DEFAULT_LEASE_S, AgentHandle
+from orchestrator.transports.handle import DEFAULT_LEASE_S, AgentChannel, AgentHandle
 
 log = logging.getLogger("orchestrator.transports")
 
@@ -39,6 +41,14 @@ class DeployResult:
     code_dir: str  # on the node
     digest: str
     copied_files: int  # 0 when that digest was already there
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    on_event: Callable[[Event], None] | None
+    lease_s: float | None
+    orphan_grace_s: float
+    start_timeout: float
 
 
 @dataclass(frozen=True)
@@ -111,16 +121,54 @@ class Transport(ABC):
         lease_s: float | None = DEFAULT_LEASE_S,
         grace_s: float = DEFAULT_AGENT_GRACE_S,
         start_timeout: float = 30.0,
+        socket: str | None = None,
+        orphan_grace_s: float = 0.0,
     ) -> AgentHandle:
-        """Deploy if needed, start `python -m node_agent` on the node, handshake.
+        """Deploy if needed, reach the agent a previous run left on `socket` or start
+        `python -m node_agent` on the node, handshake.
 
         grace_s: how long the agent waits between SIGTERM and SIGKILL for its
         ranks when it shuts down on its own (channel lost, lease expired)."""
         deployed = self._deployed or await self.deploy()
-        handle = await self._launch(deployed.code_dir, on_event, lease_s, grace_s)
+        options = AgentOptions(on_event, lease_s, orphan_grace_s, start_timeout)
+        if socket:
+            attached = await self.attach_agent(socket, options)
+            if attached is not None:
+                return attached
+        channel = await self._launch(deployed.code_dir, grace_s, socket)
+        return await self._started(self._handle(channel, options, attached=False), options)
+
+    async def attach_agent(self, socket: str, options: AgentOptions) -> AgentHandle | None:
+        """The agent listening on `socket`, handshaken; None when there is none (a stale
+        socket is removed). One of another protocol is told to end its gang: None once it
+        has gone. TransportError: another orchestrator has it, or the socket is not ours."""
+        deadline, ending = time.monotonic() + options.start_timeout, False
+        while time.monotonic() < deadline:
+            deployed = self._deployed or await self.deploy()
+            channel = await self._attach(deployed.code_dir, socket)
+            if channel is None:
+                return None
+            try:
+                return await self._started(self._handle(channel, options, True), options)
+            except TransportError as exc:
+                if exc.kind == ErrorKind.PROTOCOL:
+                    log.warning("[%s] relaunching: %s", self.node.name, exc.message)
+                    ending = True
+                elif not (ending and exc.kind == ErrorKind.AGENT_BUSY):  # busy: still ending
+                    raise
+            await asyncio.sleep(0.5)  # until the old agent has gone with its socket
+        raise TransportError(self.node.name, ErrorKind.AGENT_START,
+                             f"the agent on {socket} did not go within {options.start_timeout:g} s")
+
+    def _handle(self, channel: AgentChannel, options: AgentOptions, attached: bool) -> AgentHandle:
+        return AgentHandle(self.node.name, channel, on_event=options.on_event,
+                           lease_s=options.lease_s, orphan_grace_s=options.orphan_grace_s,
+                           attached=attached)
+
+    async def _started(self, handle: AgentHandle, options: AgentOptions) -> AgentHandle:
         self._handles.append(handle)
         try:
-            await handle.start(start_timeout)
+            await handle.start(options.start_timeout)
         except BaseException:
             self._handles.remove(handle)
             await handle.close(timeout=5.0)
@@ -128,14 +176,12 @@ class Transport(ABC):
         return handle
 
     @abstractmethod
-    async def _launch(
-        self,
-        code_dir: str,
-        on_event: Callable[[Event], None] | None,
-        lease_s: float | None,
-        grace_s: float,
-    ) -> AgentHandle:
-        """Start the agent process; the handle is not started yet."""
+    async def _attach(self, code_dir: str, socket: str) -> AgentChannel | None:
+        """A channel to the agent on `socket`, None when no agent listens there."""
+
+    @abstractmethod
+    async def _launch(self, code_dir: str, grace_s: float, socket: str | None) -> AgentChannel:
+        """Start the agent process (listening on `socket` when given)."""
 
     async def close(self) -> None:
         """Close every agent this transport started (their ranks stop), then the connection."""

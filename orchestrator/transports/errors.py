@@ -16,6 +16,8 @@ class ErrorKind(StrEnum):
     AGENT_START = "agent_start"  # the agent did not come up (python missing, msgspec missing...)
     PROTOCOL = "protocol"  # the agent speaks another protocol version or garbage
     AGENT_LOST = "agent_lost"  # the channel to a running agent closed
+    AGENT_BUSY = "agent_busy"  # the node's agent is controlled by another orchestrator
+    AGENT_SOCKET = "agent_socket"  # the agent socket is not ours (another user's, open)
     CONFIG = "config"  # a node setting the transport cannot use
     OTHER = "other"
 

@@ -23,6 +23,7 @@ from typing import Protocol, TypeVar
 import msgspec
 
 from contract import agent_protocol as protocol
+from contract.adoption import AGENT_BUSY, Adopt
 from contract.agent_protocol import (
     PROTOCOL_VERSION,
     CheckPorts,
@@ -111,12 +112,16 @@ class AgentHandle:
         *,
         on_event: Callable[[Event], None] | None = None,
         lease_s: float | None = DEFAULT_LEASE_S,
+        orphan_grace_s: float = 0.0,
+        attached: bool = False,
     ) -> None:
         self.node = node
+        self.attached = attached  # reached on its socket: an agent a previous run left
         self.hello: Hello | None = None
         self._channel = channel
         self._on_event = on_event
         self._lease_s = lease_s
+        self._orphan_grace_s = orphan_grace_s
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -144,18 +149,25 @@ class AgentHandle:
             raise self._start_error(
                 ErrorKind.PROTOCOL, f"expected the agent's hello, got {line[:200]!r}"
             ) from None
+        if isinstance(first, ErrorReply) and first.code == AGENT_BUSY:
+            raise self._start_error(ErrorKind.AGENT_BUSY, f"its agent refused us: {first.message}")
         if not isinstance(first, Hello) or first.protocol_version != PROTOCOL_VERSION:
             got = first.protocol_version if isinstance(first, Hello) else type(first).__name__
-            raise self._start_error(
-                ErrorKind.PROTOCOL,
-                f"the agent speaks protocol {got}, this orchestrator {PROTOCOL_VERSION}",
-            )
+            message = f"the agent speaks protocol {got}, this orchestrator {PROTOCOL_VERSION}"
+            if isinstance(first, Hello) and self.attached:
+                # Open's version field is frozen: any agent ends its ranks and exits on it.
+                await self._channel.send(protocol.encode(Open(protocol_version=PROTOCOL_VERSION)))
+                message += f"; its gang (agent pid {first.pid}) is ended, to be relaunched"
+            raise self._start_error(ErrorKind.PROTOCOL, message)
         self.hello = first
         self._tasks.append(asyncio.create_task(self._read_loop(), name=f"agent-{self.node}"))
+        opening = Open(
+            protocol_version=PROTOCOL_VERSION,
+            lease_s=self._lease_s,
+            orphan_grace_s=self._orphan_grace_s,
+        )
         try:
-            await self.request(
-                Open(protocol_version=PROTOCOL_VERSION, lease_s=self._lease_s), Ok, timeout
-            )
+            await self.request(opening, Ok, timeout)
         except AgentRequestError as exc:
             await self.close()
             raise TransportError(self.node, ErrorKind.PROTOCOL, exc.message) from None
@@ -276,6 +288,14 @@ class AgentHandle:
 
     async def list_ranks(self, timeout: float = 10.0) -> list[RankInfo]:
         return (await self.request(ListRanks(), RankList, timeout)).ranks
+
+    async def launch_state(self, timeout: float = 10.0) -> RankList:
+        """The ranks, their launch record and since when no orchestrator had them."""
+        return await self.request(ListRanks(), RankList, timeout)
+
+    async def adopt(self, launch_id: str, timeout: float = 10.0) -> None:
+        """We supervise the agent's gang from now on: its orphan grace ends."""
+        await self.request(Adopt(launch_id=launch_id), Ok, timeout)
 
     async def listen(self, host: str, port: int, timeout: float = 10.0) -> None:
         """Accept TCP connections on host:port of the node (AgentRequestError bind_failed)."""

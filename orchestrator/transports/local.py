@@ -11,13 +11,12 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable
 
-from contract.agent_protocol import Event
+from node_agent import agent_socket
 from orchestrator.transports.base import Completed, Transport, check_python
 from orchestrator.transports.errors import ErrorKind, TransportError
 from orchestrator.transports.files import NodeFiles
-from orchestrator.transports.handle import AgentHandle, StderrCollector
+from orchestrator.transports.handle import AgentChannel, StderrCollector
 from orchestrator.transports.local_files import LocalFiles
 
 PIPE_LIMIT = 64 << 20  # one protocol line (a fingerprint, a long log line) must fit
@@ -72,6 +71,36 @@ class ProcessChannel:
         return list(self._stderr.lines)
 
 
+class SocketChannel:
+    """AgentChannel over the agent's Unix socket (an agent a previous run left here)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+
+    async def readline(self) -> bytes:
+        return await self._reader.readline()
+
+    async def send(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self._writer.write_eof()
+
+    async def wait_exit(self) -> int | None:
+        self._writer.close()
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._writer.wait_closed()
+        return None  # the agent lives on (or not): it is no child of ours
+
+    def kill(self) -> None:
+        self._writer.close()
+
+    def stderr_tail(self) -> list[str]:
+        return []  # its log is <socket>.log on the node
+
+
 class LocalTransport(Transport):
     async def _run(
         self, argv: list[str], stdin: str, env: dict[str, str], timeout: float
@@ -102,14 +131,16 @@ class LocalTransport(Transport):
     def _deploy_failure(self, exc: OSError) -> str:
         return f"cannot copy the code to {os.path.expanduser(self._cache)}: {exc}"
 
-    async def _launch(
-        self,
-        code_dir: str,
-        on_event: Callable[[Event], None] | None,
-        lease_s: float | None,
-        grace_s: float,
-    ) -> AgentHandle:
+    async def _attach(self, code_dir: str, socket: str) -> AgentChannel | None:
+        try:
+            streams = await agent_socket.connect(socket, PIPE_LIMIT)
+        except agent_socket.SocketRefused as exc:
+            raise TransportError(self.node.name, ErrorKind.AGENT_SOCKET, str(exc)) from None
+        return SocketChannel(*streams) if streams else None
+
+    async def _launch(self, code_dir: str, grace_s: float, socket: str | None) -> AgentChannel:
         python = os.path.expanduser(check_python(self.node))
+        options = ["--socket", socket] if socket else []
         try:
             proc = await asyncio.create_subprocess_exec(
                 python,
@@ -117,6 +148,7 @@ class LocalTransport(Transport):
                 "node_agent",
                 "--grace",
                 f"{grace_s:g}",
+                *options,
                 cwd=code_dir,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -130,6 +162,4 @@ class LocalTransport(Transport):
             raise TransportError(
                 self.node.name, ErrorKind.AGENT_START, f"cannot run python {python!r}: {exc}"
             ) from exc
-        return AgentHandle(
-            self.node.name, ProcessChannel(self.node.name, proc), on_event=on_event, lease_s=lease_s
-        )
+        return ProcessChannel(self.node.name, proc)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from contract.agent_protocol import Event, NodeUsage
 from contract.fingerprint import NodeFingerprint
+from node_agent.agent_socket import socket_path
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.transports import (
     AgentExit,
@@ -101,9 +102,12 @@ class NodePool:
         transport = transport_for(node.spec)
         node.transport = transport
         await transport.connect()
+        cluster = self.spec.cluster
         agent = await transport.start_agent(
             on_event=lambda event: self._on_agent_event(name, event),
             start_timeout=self._connect_timeout_s,
+            socket=socket_path(cluster.state_dir, cluster.name, name),
+            orphan_grace_s=self.spec.supervisor.orphan_grace_s,
         )
         node.agent = agent
         if self._usage_interval_s:
@@ -112,9 +116,10 @@ class NodePool:
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
         log.info(
-            "[%s] agent %s up (pid %s)",
+            "[%s] agent %s %s (pid %s)",
             name,
             agent.hello.agent_version if agent.hello else "?",
+            "reached on its socket, left by a previous run" if agent.attached else "up",
             agent.hello.pid if agent.hello else "?",
         )
 

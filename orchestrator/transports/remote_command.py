@@ -1,6 +1,7 @@
 """The shell commands we send over SSH, built so no config value can execute.
 
-    cd '<code dir>' && exec '<python>' -m node_agent --grace 5       the agent
+    cd '<code dir>' && exec '<python>' -m node_agent --grace 5 --socket S    the agent
+    cd '<code dir>' && exec '<python>' -m node_agent.bridge S       to a running agent
     env 'K=V' '<program>' 'arg' ...                                  a command (bootstrap)
 
 Every value is a separate word quoted with shlex.quote; a python value of
@@ -20,8 +21,15 @@ def remote_python_word(python: str) -> str:
     return shlex.quote(python)
 
 
-def agent_command(code_dir: str, python: str, grace_s: float) -> str:
-    args = shlex.join(["-m", "node_agent", "--grace", f"{grace_s:g}"])
+def agent_command(code_dir: str, python: str, grace_s: float, socket: str | None = None) -> str:
+    options = ["--socket", socket] if socket else []
+    args = shlex.join(["-m", "node_agent", "--grace", f"{grace_s:g}", *options])
+    return f"cd {shlex.quote(code_dir)} && exec {remote_python_word(python)} {args}"
+
+
+def bridge_command(code_dir: str, python: str, socket: str) -> str:
+    """`python -m node_agent.bridge SOCKET`: stdio to a running agent (node_agent/bridge.py)."""
+    args = shlex.join(["-m", "node_agent.bridge", socket])
     return f"cd {shlex.quote(code_dir)} && exec {remote_python_word(python)} {args}"
 
 

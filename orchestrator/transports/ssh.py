@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 
 import asyncssh
 
-from contract.agent_protocol import Event
+from node_agent import bridge
 from orchestrator.config import NodeSpec
 from orchestrator.transports.base import DEFAULT_CODE_CACHE, Completed, Transport, check_python
 from orchestrator.transports.deploy import CodeBundle
 from orchestrator.transports.errors import ErrorKind, TransportError
 from orchestrator.transports.files import NodeFiles
-from orchestrator.transports.handle import AgentHandle, StderrCollector
-from orchestrator.transports.remote_command import agent_command, command_line
+from orchestrator.transports.handle import AgentChannel, StderrCollector
+from orchestrator.transports.remote_command import agent_command, bridge_command, command_line
 from orchestrator.transports.sftp_files import SftpFiles
 from orchestrator.transports.ssh_connect import open_connection
 
@@ -33,9 +32,21 @@ class SshChannel:
         self._process = process
         self._stderr = StderrCollector(node)
         self._stderr_task = asyncio.create_task(self._stderr.collect(process.stderr.readline))
+        self._first: bytes | None = None  # read ahead by peek_exit
 
     async def readline(self) -> bytes:
+        if self._first is not None:
+            line, self._first = self._first, None
+            return line
         return await self._process.stdout.readline()
+
+    async def peek_exit(self, timeout: float = 30.0) -> int | None:
+        """The exit status if the command ends before its first line (the bridge finding
+        no agent), else None; the line stays for readline()."""
+        self._first = await asyncio.wait_for(self._process.stdout.readline(), timeout)
+        if self._first:
+            return None
+        return await asyncio.wait_for(self.wait_exit(), timeout)
 
     async def send(self, data: bytes) -> None:
         self._process.stdin.write(data)
@@ -111,23 +122,28 @@ class SshTransport(Transport):
     def _deploy_failure(self, exc: OSError) -> str:
         return f"copying the code to {self._cache} by SFTP failed: {exc}"
 
-    async def _launch(
-        self,
-        code_dir: str,
-        on_event: Callable[[Event], None] | None,
-        lease_s: float | None,
-        grace_s: float,
-    ) -> AgentHandle:
-        command = agent_command(code_dir, check_python(self.node), grace_s)
+    async def _launch(self, code_dir: str, grace_s: float, socket: str | None) -> AgentChannel:
+        return await self._exec(agent_command(code_dir, check_python(self.node), grace_s, socket))
+
+    async def _attach(self, code_dir: str, socket: str) -> AgentChannel | None:
+        """Through `python -m node_agent.bridge` (stdio <-> the agent's socket)."""
+        channel = await self._exec(bridge_command(code_dir, check_python(self.node), socket))
+        first = await channel.peek_exit()
+        if first == bridge.NO_AGENT:
+            return None
+        if first == bridge.REFUSED:
+            tail = " ".join(channel.stderr_tail()) or "the agent socket is not ours"
+            raise TransportError(self.node.name, ErrorKind.AGENT_SOCKET, tail)
+        return channel
+
+    async def _exec(self, command: str) -> SshChannel:
         try:
             process = await self.connection.create_process(command, encoding=None)
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(
                 self.node.name, ErrorKind.AGENT_START, f"cannot open an exec channel: {exc}"
             ) from exc
-        return AgentHandle(
-            self.node.name, SshChannel(self.node.name, process), on_event=on_event, lease_s=lease_s
-        )
+        return SshChannel(self.node.name, process)
 
     async def close(self) -> None:
         await super().close()

@@ -259,9 +259,10 @@ def test_taken_port_fails_preflight(tmp_path: Path, tiny_model_dir: Path) -> Non
 
 @pytest.mark.e2e
 def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """SIGKILL of the orchestrator takes agents and ranks down; a new `up` first ends a rank
-    its state file still records as running, then starts cleanly."""
-    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2])
+    """With orphan_grace_s = 0, SIGKILL of the orchestrator takes agents and ranks down; a
+    new `up` first ends a rank its state file still records as running, then starts cleanly."""
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2],
+                           supervisor={"orphan_grace_s": 0.0})
     url = _api_url(config)
     with running(config, url=url) as first:
         pids = first.remember_descendants()

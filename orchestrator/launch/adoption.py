@@ -1,0 +1,147 @@
+"""Adopting the gang a previous orchestrator left running (it crashed, was killed, upgraded).
+
+    connect (agents reached on their sockets) ─▶ each agent's ranks and launch record
+      ─▶ same launch everywhere, every rank running, same config, rank code and model?
+           yes ─▶ Adopt: the gang serves on, no model load
+           no  ─▶ say why, stop those ranks (each agent's own children), launch afresh
+
+The agents' LaunchRecord (contract/adoption.py) is where per-launch data comes from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+
+import msgspec
+
+from contract.adoption import LaunchRecord
+from contract.agent_protocol import RankList
+from contract.fingerprint import NodeFingerprint
+from node_agent.code_digest import code_digest, code_root, package_files
+from orchestrator.config import ClusterSpec
+from orchestrator.launch import launch_secret
+from orchestrator.launch.gang import Gang
+from orchestrator.launch.plan import LaunchPlan, build_plan
+from orchestrator.transports import AgentRequestError, TransportError
+from orchestrator.transports.pool import NodePool
+
+log = logging.getLogger(__name__)
+
+RANK_PACKAGES = ("contract", "serving")  # what a rank imports: an orchestrator-only change
+# (orchestrator/, node_agent/) leaves the ranks adoptable
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def config_digest(spec: ClusterSpec) -> str:
+    return _digest(msgspec.json.encode(spec))
+
+
+def rank_code_digest() -> str:
+    root = code_root()
+    return code_digest(root, package_files(root, RANK_PACKAGES))
+
+
+def model_digest(spec: ClusterSpec, fingerprints: Mapping[str, NodeFingerprint]) -> str:
+    def one(name: str) -> str:
+        model = fingerprints[name].model if name in fingerprints else None
+        return f"{name}={model.digest if model else None}"
+
+    return _digest("\n".join(one(node.name) for node in spec.nodes).encode())
+
+
+def launch_record(
+    spec: ClusterSpec, plan: LaunchPlan, fingerprints: Mapping[str, NodeFingerprint]
+) -> LaunchRecord:
+    return LaunchRecord(
+        launch_id=plan.launch_id,
+        config_digest=config_digest(spec),
+        code_digest=rank_code_digest(),
+        model_digest=model_digest(spec, fingerprints),
+        placement=plan.placement,
+    )
+
+
+def mismatch(
+    spec: ClusterSpec,
+    states: Mapping[str, RankList],
+    fingerprints: Mapping[str, NodeFingerprint],
+) -> str:
+    """Why the running gang cannot be adopted ("" if it can)."""
+    records = {name: state.launch for name, state in states.items()}
+    for name, record in records.items():
+        if record is None:
+            return f"the agent on {name} runs ranks but keeps no launch record"
+    launches = {r.launch_id for r in records.values() if r is not None}
+    if len(launches) != 1:
+        return f"the nodes run different launches ({', '.join(sorted(launches))})"
+    record = next(r for r in records.values() if r is not None)
+    for rank, node in enumerate(spec.nodes):
+        ranks = states[node.name].ranks if node.name in states else []
+        if not any(i.rank == rank and i.launch_id == record.launch_id for i in ranks):
+            return f"rank {rank} of launch {record.launch_id} no longer runs on {node.name}"
+    checks = (
+        ("cluster.toml", record.config_digest, config_digest(spec)),
+        ("the ranks' code (contract, serving)", record.code_digest, rank_code_digest()),
+        ("the model files", record.model_digest, model_digest(spec, fingerprints)),
+    )
+    for what, then, now in checks:
+        if then != now:
+            return f"{what} changed since launch {record.launch_id} ({then} -> {now})"
+    return ""
+
+
+async def adopt_or_clear(spec: ClusterSpec, pool: NodePool) -> Gang | None:
+    """The running gang, adopted; None when there is none or it was ended (logged why)."""
+    names = list(pool.nodes)
+    replies = await asyncio.gather(*(pool.agent(name).launch_state() for name in names))
+    states = {name: state for name, state in zip(names, replies, strict=True) if state.ranks}
+    if not states:
+        return None
+    fingerprints = await pool.fingerprint_all()
+    why = mismatch(spec, states, fingerprints)
+    if why:
+        log.warning("not adopting the running gang: %s; ending it and launching afresh", why)
+        await asyncio.gather(*(_stop_all(pool, name, spec) for name in states))
+        return None
+    record = next(state.launch for state in states.values() if state.launch is not None)
+    secret, why = _kept_secret(spec, record.launch_id)
+    if why:
+        log.warning("not adopting the running gang: %s; ending it and launching afresh", why)
+        await asyncio.gather(*(_stop_all(pool, name, spec) for name in states))
+        return None
+    plan = build_plan(spec, record.launch_id, fingerprints, record.placement)
+    plan.secret = secret  # rank 0 holds the launch's own: the gateway must send that one
+    gang = Gang(plan, pool, record)
+    gang.adopt([info for state in states.values() for info in state.ranks])
+    await asyncio.gather(*(pool.agent(name).adopt(record.launch_id) for name in states))
+    since = min((s.orphaned_since for s in states.values() if s.orphaned_since), default=None)
+    alone = f", without an orchestrator for {time.time() - since:.1f} s" if since else ""
+    log.info("adopted launch %s: %d ranks serving on%s (no model load)",
+             record.launch_id, len(gang.ranks), alone)
+    return gang
+
+
+def _kept_secret(spec: ClusterSpec, launch_id: str) -> tuple[str, str]:
+    """Rank 0's secret for the launch, as the head kept it; else why it cannot be had."""
+    try:
+        kept = launch_secret.load(spec.state_dir, spec.cluster.name, launch_id)
+    except launch_secret.SecretFileError as exc:
+        return "", str(exc)
+    if kept is None:
+        where = launch_secret.secret_path(spec.state_dir, spec.cluster.name)
+        return "", f"this machine keeps no secret for launch {launch_id} ({where})"
+    return kept.secret, ""
+
+
+async def _stop_all(pool: NodePool, name: str, spec: ClusterSpec) -> None:
+    try:
+        await pool.agent(name).stop(None, spec.supervisor.stop_grace_s)
+    except (TransportError, AgentRequestError) as exc:
+        log.warning("[%s] stopping the ranks a previous run left: %s", name, exc)

@@ -1,0 +1,174 @@
+"""The agent socket's bad input: another user's socket, a dead agent's, a second
+orchestrator, an orchestrator of another protocol; and the orphan grace running out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contract.agent_protocol import PROTOCOL_VERSION
+from node_agent import agent_socket, bridge
+from orchestrator.config import NodeSpec
+from orchestrator.transports.base import AgentOptions
+from orchestrator.transports.local import LocalTransport
+from testkit.agent_events import kill_if_alive, pid_gone, wait_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(60)
+
+
+def _dead_agent_socket(path: Path) -> None:
+    """A socket file nobody listens on: what a SIGKILLed agent leaves."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.close()
+
+
+def test_socket_of_another_user_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """Another user's socket: refused by the checks and the bridge, never removed."""
+    path = tmp_path / "agents" / "c.n.sock"
+    _dead_agent_socket(path)
+    other = os.getuid() + 1
+    if os.getuid() == 0:
+        os.chown(path, other, other)
+        uid = None  # the real check, against our own uid
+    else:
+        uid = other  # not root: check as if we were that other user
+    with pytest.raises(agent_socket.SocketRefused, match="belongs to uid"):
+        agent_socket.check_owned(path, uid)
+    if os.getuid() == 0:
+        assert bridge.relay(str(path)) == bridge.REFUSED
+    assert path.exists()
+
+
+def test_directory_open_to_others_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agents" / "c.n.sock"
+    path.parent.mkdir(mode=0o777)
+    path.parent.chmod(0o777)
+    with pytest.raises(agent_socket.SocketRefused, match="chmod 700"):
+        agent_socket.check_owned(path)
+
+
+async def test_stale_socket_is_removed_and_a_fresh_agent_takes_it(tmp_path: Path) -> None:
+    """A dead agent's socket: connect finds no agent and removes it; a new agent listens."""
+    path = tmp_path / "agents" / "c.n.sock"
+    _dead_agent_socket(path)
+    assert bridge.relay(str(path)) == bridge.NO_AGENT
+    assert not path.exists()
+    _dead_agent_socket(path)
+    assert await agent_socket.connect(str(path)) is None and not path.exists()
+    _dead_agent_socket(path)
+
+    async def ignore(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server, _ = await agent_socket.serve(str(path), ignore)
+    try:
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+        with pytest.raises(agent_socket.SocketRefused, match="already listens"):
+            await agent_socket.serve(str(path), ignore)
+    finally:
+        server.close()
+
+
+class Agent:
+    """A real `python -m node_agent --socket` on pipes, spoken to in raw JSON lines."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, path: Path) -> None:
+        self.proc, self.path = proc, path
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def recv_type(self, kind: str) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        while True:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), 10)
+            assert line, "the agent closed its stdout"
+            if (msg := json.loads(line))["type"] == kind:
+                return dict(msg)
+
+    async def open_with_rank(self, grace_s: float) -> int:
+        """Open with an orphan grace and start a stand-in rank; its pid."""
+        await self.recv_type("hello")
+        await self.send({"type": "open", "id": 1, "protocol_version": PROTOCOL_VERSION,
+                         "orphan_grace_s": grace_s})
+        await self.send({"type": "spawn", "id": 2, "rank": 0, "argv": ["sleep", "1000"]})
+        return int((await self.recv_type("spawned"))["pid"])
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
+    path = tmp_path / "agents" / "test.n.sock"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "node_agent", "--grace", "1", "--socket", str(path), cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        yield Agent(proc, path)
+    finally:
+        kill_if_alive(proc.pid)
+        await proc.wait()
+
+
+async def test_orphan_grace_ends_the_ranks_of_an_orchestrator_that_never_returns(
+    agent: Agent,
+) -> None:
+    """EOF with a gang: the rank serves on through the grace, then it and the agent end."""
+    rank = await agent.open_with_rank(grace_s=2.0)
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.close()
+    await asyncio.sleep(1.0)
+    assert not pid_gone(rank), "the rank died with the session"
+    assert await asyncio.wait_for(agent.proc.wait(), 15) == 0
+    assert await wait_gone(rank, 5)
+    assert not agent.path.exists()
+    log = agent.path.with_suffix(".log").read_text()
+    assert "no orchestrator adopted the gang within 2 s (orphan_grace_s)" in log
+
+
+async def test_second_orchestrator_is_refused_while_one_is_connected(agent: Agent) -> None:
+    """One controlling connection at a time: a second gets agent_busy, nothing is ended."""
+    rank = await agent.open_with_rank(grace_s=30.0)
+    reader, writer = await asyncio.open_unix_connection(str(agent.path))
+    first = json.loads(await asyncio.wait_for(reader.readline(), 10))
+    assert (first["type"], first["code"]) == ("error", "agent_busy"), first
+    assert await reader.readline() == b""  # and closed
+    writer.close()
+    assert not pid_gone(rank) and agent.proc.returncode is None
+
+
+async def test_agent_of_another_protocol_ends_its_gang_for_a_relaunch(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An orchestrator of another protocol finds an orphaned agent: it says why, the agent
+    ends its ranks and exits, and the socket is free for a fresh agent (attach: None)."""
+    rank = await agent.open_with_rank(grace_s=30.0)
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.close()
+    for _ in range(100):  # orphaned: it logs to its file from then on
+        if agent.path.with_suffix(".log").exists():
+            break
+        await asyncio.sleep(0.05)
+    monkeypatch.setattr("orchestrator.transports.handle.PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
+    transport = LocalTransport(NodeSpec(name="n"))
+    options = AgentOptions(None, None, 30.0, 20.0)
+    with caplog.at_level(logging.WARNING):
+        assert await transport.attach_agent(str(agent.path), options) is None
+    assert f"the agent speaks protocol {PROTOCOL_VERSION}, this orchestrator" in caplog.text
+    assert "to be relaunched" in caplog.text
+    assert await asyncio.wait_for(agent.proc.wait(), 10) == 3
+    assert await wait_gone(rank, 5)
