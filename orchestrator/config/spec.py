@@ -67,7 +67,7 @@ class SupervisorSection(Section):
     standby_ranks: bool = True
     # When the orchestrator goes away (crash, kill, upgrade), each agent keeps its ranks
     # serving this long for a new `up` to adopt them without a reload; 0: end them at once.
-    orphan_grace_s: NonNegativeSeconds = 0.0  # opt-in for now: see operations.md
+    orphan_grace_s: NonNegativeSeconds = 300.0
 
 
 class PreflightSection(Section):
