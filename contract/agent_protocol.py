@@ -61,12 +61,15 @@ class Open(Message, tag="open", kw_only=True):
     """Handshake. lease_s: when set, no request for that long ends the session (the
     handle pings every lease_s / 3). A session that ends (this, EOF, a broken write)
     stops the ranks and the agent, unless orphan_grace_s > 0: then the ranks serve on
-    that long, waiting for an orchestrator to adopt them (node_agent/control.py)."""
+    that long, waiting for an orchestrator to adopt them (node_agent/orphan.py).
+    orchestrator_id: the same orchestrator reconnecting takes over its old session, which
+    may not have seen its end yet; another is refused while that session holds its lease."""
 
     id: int = 0
     protocol_version: int
     lease_s: float | None = None
     orphan_grace_s: float = 0.0
+    orchestrator_id: str = ""
 
 
 class Fingerprint(Message, tag="fingerprint", kw_only=True):

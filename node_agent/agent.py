@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from contract import agent_protocol as protocol
-from contract.adoption import Adopt, LaunchRecord
+from contract.adoption import AGENT_BUSY, Adopt, LaunchRecord
 from contract.agent_protocol import (
     PROTOCOL_VERSION,
     CheckPorts,
@@ -101,6 +101,7 @@ class Agent:
         self._orphan_grace_s = 0.0
         self._orphan = OrphanGrace(self.shutdown)
         self._launch: LaunchRecord | None = None  # the running gang's, for an adopter
+        self._stdio: Session | None = None  # the session the agent was started with
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._exit_code = EXIT_OK
@@ -128,12 +129,13 @@ class Agent:
         if self._socket_path:
             try:
                 self._server, self._socket = await agent_socket.serve(
-                    self._socket_path, self._attach_client
+                    self._socket_path, self._sessions.on_client
                 )
             except (agent_socket.SocketRefused, OSError) as exc:
                 log.error("cannot listen on the agent socket: %s", exc)
                 return EXIT_SOCKET
-        self._sessions.attach(Session(reader, writer))
+        self._stdio = Session(reader, writer)
+        self._sessions.attach(self._stdio)
         await self._stop.wait()
         log.info("shutting down: %s", self._stop_reason)
         self._sessions.accepting = False  # a connection now is told: busy (ending)
@@ -150,13 +152,6 @@ class Agent:
             task.cancel()
         await self._sessions.close()
         return self._exit_code
-
-    async def _attach_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await self._sessions.on_client(reader, writer)
-        if self._sessions.current is not None:
-            self._orphan.pause()
 
     def _session_ended(self, reason: str) -> bool:
         """The orchestrator is gone: keep the gang for an adopter (False), or stop (True)."""
@@ -224,6 +219,15 @@ class Agent:
             await self._sessions.send(session, ErrorReply(
                 id=req.id, code=protocol.BAD_REQUEST, message="the session is already open"))
             return
+        refused = self._sessions.claim(session, req.orchestrator_id)
+        if refused is not None:
+            await self._sessions.send(session, ErrorReply(id=req.id, code=AGENT_BUSY,
+                                                          message=refused))
+            self._sessions.end(session, "refused")
+            return
+        if self._socket is not None and session is not self._stdio:
+            log_to_file(self._socket.with_suffix(".log"))  # stderr is a lost channel's now
+        self._orphan.pause()
         session.opened = True
         self._orphan_grace_s = req.orphan_grace_s
         if req.lease_s:

@@ -1,10 +1,14 @@
-"""The agent's sessions: one orchestrator connection at a time, stdio first, then socket.
+"""The agent's sessions: one orchestrator in control at a time, stdio first, then socket.
 
 A session starts with the agent's Hello and lasts until its input reaches EOF, a write to
 it fails, or its lease passes without a request; the agent is then told why (`on_end`:
-True when it stops, and wants its last events sent on that session). A socket
-connection that comes while a session is open is refused with an agent_busy error: two
-orchestrators never drive one gang.
+True when it stops, and wants its last events sent on that session).
+
+A socket connection is pending until its `Open` claims control (`claim`). It takes over
+from the session in control when that one comes from the same orchestrator (it lost its
+connection and reconnects: the node slept, a cable was cut; the old session may not see
+its EOF for a long while, TCP retransmitting into a frozen host) or has let its lease
+lapse; otherwise it is refused with agent_busy: two orchestrators never drive one gang.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ class Session:
     reader: asyncio.StreamReader
     writer: LineWriter
     opened: bool = False
+    ended: bool = False
+    owner: str = ""  # the orchestrator's id, from its Open
+    lease_s: float | None = None
     last_request: float = field(default_factory=time.monotonic)
+    last_request_wall: float = field(default_factory=time.time)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def run(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -41,6 +49,17 @@ class Session:
         task = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def touch(self) -> None:
+        self.last_request, self.last_request_wall = time.monotonic(), time.time()
+
+    def lapsed(self) -> bool:
+        """No request within its lease, by either clock: a Mac's monotonic clock stands
+        still while it sleeps, the wall clock does not."""
+        if not self.lease_s:
+            return False
+        idle = max(time.monotonic() - self.last_request, time.time() - self.last_request_wall)
+        return idle > self.lease_s
 
 
 class Sessions:
@@ -52,6 +71,7 @@ class Sessions:
     ) -> None:
         self._hello, self._handle, self._on_end = hello, handle, on_end
         self.current: Session | None = None
+        self._pending: set[Session] = set()
         self.accepting = True
 
     async def send(self, session: Session | None, msg: Message) -> None:
@@ -64,24 +84,48 @@ class Sessions:
             self.end(session, f"stdout closed ({exc})")
 
     def attach(self, session: Session) -> None:
+        """The session in control from the start (the agent's stdio)."""
         self.current = session
         session.run(self._serve(session))
 
     async def on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A socket connection: the new session, unless one is open (refused, closed)."""
-        if self.current is not None or not self.accepting:
+        """A socket connection: pending until its Open claims control."""
+        if not self.accepting:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(protocol.encode(ErrorReply(id=None, code=AGENT_BUSY, message=BUSY)))
                 await writer.drain()
             writer.close()
-            log.warning("refused an orchestrator connection: another one is open")
+            log.warning("refused an orchestrator connection: the agent is ending")
             return
-        log.info("an orchestrator connected on the agent socket")
-        self.attach(Session(reader, writer))
+        session = Session(reader, writer)
+        self._pending.add(session)
+        session.run(self._serve(session))
+
+    def claim(self, session: Session, owner: str) -> str | None:
+        """Give `session` control, taking over a stale one; the refusal's text if another
+        orchestrator holds it."""
+        held = self.current
+        if held is session:
+            session.owner = owner
+            return None
+        if held is not None and not held.ended:
+            if owner and owner == held.owner:
+                why = "its orchestrator reconnected"
+            elif held.lapsed():
+                why = f"no request for {held.lease_s:g} s (lease lapsed)"
+            else:
+                return BUSY
+            log.warning("the session in control is replaced: %s", why)
+            self._close(held)
+        self._pending.discard(session)
+        session.owner = owner
+        self.current = session
+        log.info("an orchestrator took control on the agent socket")
+        return None
 
     async def _serve(self, session: Session) -> None:
         await self.send(session, self._hello())
-        while self.current is session:
+        while not session.ended:
             try:
                 line = await session.reader.readline()
             except (ValueError, asyncio.LimitOverrunError):
@@ -94,13 +138,18 @@ class Sessions:
                 self.end(session, "stdin closed")
                 return
             if line.strip():
-                session.last_request = time.monotonic()
+                session.touch()
                 await self._handle(session, line)
 
     def end(self, session: Session, reason: str) -> None:
-        if self.current is not session:
+        """The session is over; for the one in control, the agent decides what follows."""
+        if session.ended:
+            return
+        if self.current is not session:  # pending, or replaced already
+            self._close(session)
             return
         self.current = None
+        session.ended = True
         for task in session.tasks:
             task.cancel()
         if self._on_end(reason):  # the agent stops: its last events go out on this session
@@ -109,7 +158,15 @@ class Sessions:
         else:
             session.writer.close()
 
+    def _close(self, session: Session) -> None:
+        session.ended = True
+        self._pending.discard(session)
+        for task in session.tasks:
+            task.cancel()
+        session.writer.close()
+
     def start_lease(self, session: Session, lease_s: float) -> None:
+        session.lease_s = lease_s
         session.run(self._lease_loop(session, lease_s))
 
     async def _lease_loop(self, session: Session, lease_s: float) -> None:
@@ -124,6 +181,8 @@ class Sessions:
     async def close(self) -> None:
         """Flush and close the open session, if any (the last exited events)."""
         self.accepting = False
+        for pending in list(self._pending):
+            self._close(pending)
         session, self.current = self.current, None
         if session is None:
             return

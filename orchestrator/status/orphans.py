@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 
 from contract.agent_protocol import RankList
@@ -17,7 +18,7 @@ from orchestrator.transports.pool import NodePool
 
 async def _peek(spec: ClusterSpec, node: NodeSpec) -> RankList | str:
     """The node's orphaned agent's ranks, or why there are none to show."""
-    options = AgentOptions(None, None, spec.supervisor.orphan_grace_s, 15.0)
+    options = AgentOptions(None, None, spec.supervisor.orphan_grace_s, 15.0, secrets.token_hex(8))
     socket = socket_path(spec.cluster.state_dir, spec.cluster.name, node.name)
     try:
         async with transport_for(node) as transport:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ class AgentOptions:
     lease_s: float | None
     orphan_grace_s: float
     start_timeout: float
+    orchestrator_id: str
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class Transport(ABC):
         start_timeout: float = 30.0,
         socket: str | None = None,
         orphan_grace_s: float = 0.0,
+        orchestrator_id: str | None = None,
     ) -> AgentHandle:
         """Deploy if needed, reach the agent a previous run left on `socket` or start
         `python -m node_agent` on the node, handshake.
@@ -130,7 +133,8 @@ class Transport(ABC):
         grace_s: how long the agent waits between SIGTERM and SIGKILL for its
         ranks when it shuts down on its own (channel lost, lease expired)."""
         deployed = self._deployed or await self.deploy()
-        options = AgentOptions(on_event, lease_s, orphan_grace_s, start_timeout)
+        orchestrator_id = orchestrator_id or secrets.token_hex(8)  # None: a caller of its own
+        options = AgentOptions(on_event, lease_s, orphan_grace_s, start_timeout, orchestrator_id)
         if socket:
             attached = await self.attach_agent(socket, options)
             if attached is not None:
@@ -163,6 +167,7 @@ class Transport(ABC):
     def _handle(self, channel: AgentChannel, options: AgentOptions, attached: bool) -> AgentHandle:
         return AgentHandle(self.node.name, channel, on_event=options.on_event,
                            lease_s=options.lease_s, orphan_grace_s=options.orphan_grace_s,
+                           orchestrator_id=options.orchestrator_id,
                            attached=attached)
 
     async def _started(self, handle: AgentHandle, options: AgentOptions) -> AgentHandle:

@@ -113,6 +113,7 @@ class AgentHandle:
         on_event: Callable[[Event], None] | None = None,
         lease_s: float | None = DEFAULT_LEASE_S,
         orphan_grace_s: float = 0.0,
+        orchestrator_id: str = "",
         attached: bool = False,
     ) -> None:
         self.node = node
@@ -122,6 +123,7 @@ class AgentHandle:
         self._on_event = on_event
         self._lease_s = lease_s
         self._orphan_grace_s = orphan_grace_s
+        self._orchestrator_id = orchestrator_id
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -165,11 +167,15 @@ class AgentHandle:
             protocol_version=PROTOCOL_VERSION,
             lease_s=self._lease_s,
             orphan_grace_s=self._orphan_grace_s,
+            orchestrator_id=self._orchestrator_id,
         )
         try:
             await self.request(opening, Ok, timeout)
         except AgentRequestError as exc:
             await self.close()
+            if exc.code == AGENT_BUSY:
+                raise TransportError(self.node, ErrorKind.AGENT_BUSY,
+                                     f"its agent refused us: {exc.message}") from None
             raise TransportError(self.node, ErrorKind.PROTOCOL, exc.message) from None
         if self._lease_s:
             self._tasks.append(asyncio.create_task(self._ping_loop(self._lease_s)))

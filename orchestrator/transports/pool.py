@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +73,9 @@ class NodePool:
         self._connect_timeout_s = connect_timeout_s
         self._usage_interval_s = usage_interval_s
         self._watchers: set[asyncio.Task[None]] = set()
+        # Ours on every connection: reconnecting, we take over a session the agent still
+        # holds for us (a node that slept); another orchestrator's is refused.
+        self._orchestrator_id = secrets.token_hex(8)
 
     def agent(self, name: str) -> AgentHandle:
         agent = self.nodes[name].agent
@@ -108,6 +112,7 @@ class NodePool:
             start_timeout=self._connect_timeout_s,
             socket=socket_path(cluster.state_dir, cluster.name, name),
             orphan_grace_s=self.spec.supervisor.orphan_grace_s,
+            orchestrator_id=self._orchestrator_id,
         )
         node.agent = agent
         if self._usage_interval_s:

@@ -100,11 +100,11 @@ class Agent:
             if (msg := json.loads(line))["type"] == kind:
                 return dict(msg)
 
-    async def open_with_rank(self, grace_s: float) -> int:
+    async def open_with_rank(self, grace_s: float, **fields: Any) -> int:
         """Open with an orphan grace and start a stand-in rank; its pid."""
         await self.recv_type("hello")
         await self.send({"type": "open", "id": 1, "protocol_version": PROTOCOL_VERSION,
-                         "orphan_grace_s": grace_s})
+                         "orphan_grace_s": grace_s, **fields})
         await self.send({"type": "spawn", "id": 2, "rank": 0, "argv": ["sleep", "1000"]})
         return int((await self.recv_type("spawned"))["pid"])
 
@@ -140,15 +140,62 @@ async def test_orphan_grace_ends_the_ranks_of_an_orchestrator_that_never_returns
     assert "no orchestrator adopted the gang within 2 s (orphan_grace_s)" in log
 
 
+async def _open_on_socket(
+    path: Path, orchestrator_id: str, **fields: Any
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]]:
+    """Connect to the agent socket, read its hello, send Open: the reply."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    hello = json.loads(await asyncio.wait_for(reader.readline(), 10))
+    assert hello["type"] == "hello", hello
+    opening = {"type": "open", "id": 1, "protocol_version": PROTOCOL_VERSION,
+               "orchestrator_id": orchestrator_id, **fields}
+    writer.write(json.dumps(opening).encode() + b"\n")
+    await writer.drain()
+    return reader, writer, json.loads(await asyncio.wait_for(reader.readline(), 10))
+
+
 async def test_second_orchestrator_is_refused_while_one_is_connected(agent: Agent) -> None:
-    """One controlling connection at a time: a second gets agent_busy, nothing is ended."""
-    rank = await agent.open_with_rank(grace_s=30.0)
-    reader, writer = await asyncio.open_unix_connection(str(agent.path))
-    first = json.loads(await asyncio.wait_for(reader.readline(), 10))
-    assert (first["type"], first["code"]) == ("error", "agent_busy"), first
+    """One controlling connection at a time: another orchestrator's Open gets agent_busy
+    and the connection closes; nothing is ended."""
+    rank = await agent.open_with_rank(grace_s=30.0, orchestrator_id="first", lease_s=30.0)
+    reader, writer, reply = await _open_on_socket(agent.path, "second")
+    assert (reply["type"], reply["code"]) == ("error", "agent_busy"), reply
     assert await reader.readline() == b""  # and closed
     writer.close()
+    await agent.send({"type": "ping", "id": 3})  # the first session is still in control
+    assert (await agent.recv_type("pong"))["ranks"] == 1
     assert not pid_gone(rank) and agent.proc.returncode is None
+
+
+async def test_the_same_orchestrator_reconnecting_takes_over_its_old_session(
+    agent: Agent,
+) -> None:
+    """A node that slept: its agent never saw the old session end (TCP still retransmits
+    into it). The same orchestrator's new connection takes over; the ranks serve on."""
+    rank = await agent.open_with_rank(grace_s=30.0, orchestrator_id="ours", lease_s=30.0)
+    reader, writer, reply = await _open_on_socket(agent.path, "ours", lease_s=30.0)
+    assert reply == {"type": "ok", "id": 1}, reply
+    assert agent.proc.stdout is not None
+    assert await asyncio.wait_for(agent.proc.stdout.read(), 10) == b""  # the old one closed
+    writer.write(json.dumps({"type": "list", "id": 2}).encode() + b"\n")
+    await writer.drain()
+    ranks = json.loads(await asyncio.wait_for(reader.readline(), 10))
+    assert [r["pid"] for r in ranks["ranks"]] == [rank] and ranks.get("orphaned_since") is None
+    writer.close()
+    assert not pid_gone(rank)
+
+
+async def test_a_session_whose_lease_lapsed_gives_way_to_another_orchestrator(
+    agent: Agent,
+) -> None:
+    """No request within its lease: the session no longer holds the agent, even before
+    its own lease timer fires (a frozen host's timers are late)."""
+    rank = await agent.open_with_rank(grace_s=30.0, orchestrator_id="gone", lease_s=0.5)
+    await asyncio.sleep(0.8)
+    _, writer, reply = await _open_on_socket(agent.path, "new", lease_s=30.0)
+    assert reply == {"type": "ok", "id": 1}, reply
+    writer.close()
+    assert not pid_gone(rank)
 
 
 async def test_agent_of_another_protocol_ends_its_gang_for_a_relaunch(
@@ -165,7 +212,7 @@ async def test_agent_of_another_protocol_ends_its_gang_for_a_relaunch(
         await asyncio.sleep(0.05)
     monkeypatch.setattr("orchestrator.transports.handle.PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     transport = LocalTransport(NodeSpec(name="n"))
-    options = AgentOptions(None, None, 30.0, 20.0)
+    options = AgentOptions(None, None, 30.0, 20.0, "new")
     with caplog.at_level(logging.WARNING):
         assert await transport.attach_agent(str(agent.path), options) is None
     assert f"the agent speaks protocol {PROTOCOL_VERSION}, this orchestrator" in caplog.text
