@@ -162,13 +162,19 @@ class Agent:
             log_to_file(self._socket.with_suffix(".log"))
         log.warning("%s: the ranks serve on, up to %g s for an orchestrator to adopt them",
                     reason, self._orphan_grace_s)
-        self._ranks.discard_standbys()
-        self._usage.stop()
-        closing = asyncio.create_task(self._links.close())  # the session's probes, listeners
-        self._tasks.add(closing)
-        closing.add_done_callback(self._tasks.discard)
+        dropping = asyncio.create_task(self._drop_session_state())
+        self._tasks.add(dropping)
+        dropping.add_done_callback(self._tasks.discard)
         self._orphan.begin(self._orphan_grace_s)
         return False
+
+    async def _drop_session_state(self) -> None:
+        """What an ended session asked for stops with it: its standbys, usage reports, and
+        link probes and listeners (a probe left running would connect to the next gang's
+        ring port before its rank does, and hang the ring's init)."""
+        self._ranks.discard_standbys()
+        self._usage.stop()
+        await self._links.close()
 
     def _hello(self) -> Hello:
         return Hello(
@@ -219,12 +225,15 @@ class Agent:
             await self._sessions.send(session, ErrorReply(
                 id=req.id, code=protocol.BAD_REQUEST, message="the session is already open"))
             return
+        held = self._sessions.current
         refused = self._sessions.claim(session, req.orchestrator_id)
         if refused is not None:
             await self._sessions.send(session, ErrorReply(id=req.id, code=AGENT_BUSY,
                                                           message=refused))
             self._sessions.end(session, "refused")
             return
+        if held is not None and held is not session:  # taken over: as if it had ended
+            await self._drop_session_state()
         if self._socket is not None and session is not self._stdio:
             log_to_file(self._socket.with_suffix(".log"))  # stderr is a lost channel's now
         self._orphan.pause()

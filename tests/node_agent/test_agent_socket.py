@@ -21,6 +21,7 @@ from orchestrator.config import NodeSpec
 from orchestrator.transports.base import AgentOptions
 from orchestrator.transports.local import LocalTransport
 from testkit.agent_events import kill_if_alive, pid_gone, wait_gone
+from testkit.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)
@@ -171,8 +172,12 @@ async def test_the_same_orchestrator_reconnecting_takes_over_its_old_session(
     agent: Agent,
 ) -> None:
     """A node that slept: its agent never saw the old session end (TCP still retransmits
-    into it). The same orchestrator's new connection takes over; the ranks serve on."""
+    into it). The same orchestrator's new connection takes over; the ranks serve on, and
+    what the old session opened (a link listener on a rank's port) is closed."""
     rank = await agent.open_with_rank(grace_s=30.0, orchestrator_id="ours", lease_s=30.0)
+    port = free_port()
+    await agent.send({"type": "listen", "id": 3, "host": "127.0.0.1", "port": port})
+    await agent.recv_type("ok")
     reader, writer, reply = await _open_on_socket(agent.path, "ours", lease_s=30.0)
     assert reply == {"type": "ok", "id": 1}, reply
     assert agent.proc.stdout is not None
@@ -183,6 +188,8 @@ async def test_the_same_orchestrator_reconnecting_takes_over_its_old_session(
     assert [r["pid"] for r in ranks["ranks"]] == [rank] and ranks.get("orphaned_since") is None
     writer.close()
     assert not pid_gone(rank)
+    with socket.create_server(("127.0.0.1", port)):  # free again for the next gang's rank
+        pass
 
 
 async def test_a_session_whose_lease_lapsed_gives_way_to_another_orchestrator(
