@@ -37,9 +37,8 @@ HEADERS = {"Authorization": f"Bearer {KEY}"}
 PHONE = {"width": 375, "height": 812}
 SSE_WATCH_S = 6.0  # the rate's bound only; the figure itself: the bench's job
 # Tokens per stream of a load round: a round spans several 3 s samples at 3 oversubscribed
-# ranks (~1.5 s a step), and ending the load waits for the round under way (48 tokens: over
-# a minute; 6: ~10 s).
-ROUND_TOKENS = 6
+# ranks, and ending the load waits for the round under way (48 tokens: over a minute).
+ROUND_TOKENS = 12
 
 
 @dataclass
