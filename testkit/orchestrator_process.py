@@ -95,7 +95,7 @@ class Orchestrator:
                 if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
                     self.remember_descendants()
                     return
-            time.sleep(0.5)
+            time.sleep(0.2)
         raise AssertionError(f"not ready within {timeout_s} s:\n{self.text[-4000:]}")
 
     def wait_exit(self, timeout_s: float = 120.0) -> int:

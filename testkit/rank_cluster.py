@@ -125,13 +125,15 @@ def rank_cluster(
     served_model_id: str | None = None,
     pipeline_split: list[int] | None = None,
     rank_env_extra: Sequence[dict[str, str]] = (),
+    stop_grace: float = 10.0,
     **serving: object,
 ) -> Iterator[RankCluster]:
     """A running cluster for the duration of the block; always stopped afterwards.
 
     `rank_env_extra[i]` adds to rank i's environment only; `serving` holds ServingSettings
     fields (max_batch_size=..., keepalive_s=...); `pipeline_split`: layers per rank for
-    pipeline parallelism (else tensor)."""
+    pipeline parallelism (else tensor); `stop_grace`: seconds from SIGTERM to SIGKILL at
+    the end (short where a rank is hung on purpose and would only wait it out)."""
     workdir.mkdir(parents=True, exist_ok=True)
     settings = RankSettings(
         model=ModelSettings(path=str(model_dir), id=served_model_id),
@@ -145,4 +147,4 @@ def rank_cluster(
             cluster.wait_ready()
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(stop_grace)

@@ -14,6 +14,7 @@ import pluggy
 import psutil
 import pytest
 
+from serving.blas import load_openblas
 from testkit.netns import netns_hosts  # noqa: F401
 from testkit.sshd import sshd  # noqa: F401
 from tests.model_fixtures import (  # noqa: F401
@@ -30,6 +31,20 @@ WATCH_INTERVAL_S = 0.25  # e2e programs live for seconds; a poll costs ~5 ms
 # tests (`pull`, `up`, `down`) need it delivered. A Python handler here makes children
 # start with the default again.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _openblas_here() -> None:
+    """Plain mlx-lm's references, computed in this process, run on OpenBLAS as the ranks
+    do: MLX's own BLAS takes ~3x as long for float32 (20 greedy tokens of SmolLM2: 17 s,
+    not 6). Only before MLX's first import, so here; the thread count it sets stays out of
+    the environment of the ranks the tests start (each sets its own)."""
+    preset = os.environ.get("OPENBLAS_NUM_THREADS")
+    load_openblas()
+    if preset is None:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
+
+
+_openblas_here()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

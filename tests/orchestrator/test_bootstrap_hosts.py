@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata as metadata
-import json
 import re
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 
 from orchestrator.provision.bootstrap.platforms import local_platform
 from testkit.netns import TC, HostsFactory, MultiHost, sh
-from testkit.orchestrator_process import ROOT, run_cli, running, write_cluster
+from testkit.orchestrator_process import ROOT, gateway_status, run_cli, running, write_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 NO_STANDBY = {"standby_ranks": False, "stop_grace_s": 3.0}
@@ -154,8 +153,7 @@ def serve_from_venv(config: Path, venv: Path) -> None:
     """A 1-rank cluster on the node: its rank process is the venv's python and answers."""
     url = f"http://127.0.0.1:{tomllib.loads(config.read_text())['api']['port']}"
     with running(config, url=url) as orchestrator:
-        status = json.loads(run_cli("status", str(config), "--json").stdout)
-        (rank,) = status["ranks"]
+        (rank,) = gateway_status(url)["ranks"]  # as `status --json`, without a CLI's start
         assert psutil.Process(rank["pid"]).cmdline()[0] == f"{venv}/bin/python"
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=120)
         reply = client.completions.create(model="tiny", prompt="Hello", max_tokens=4)

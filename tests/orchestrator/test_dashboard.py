@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from testkit import require
-from testkit.orchestrator_process import gateway_status, run_cli, running, write_cluster
+from testkit.orchestrator_process import gateway_status, running, write_cluster
 from testkit.ports import free_port
 from testkit.require import missing
 
@@ -133,7 +133,7 @@ def test_every_panel_and_rule_evaluates_with_series(
         try:
             for _ in range(4):
                 complete(gateway, tiny_model_dir.name)
-            status = json.loads(run_cli("status", str(config), "--json").stdout)
+            status = gateway_status(gateway)  # as `status --json`, without a CLI's start
             os.kill(int(status["ranks"][1]["pid"]), 9)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:

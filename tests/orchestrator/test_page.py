@@ -5,7 +5,6 @@ drawing under load, and the next restart as a mark."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -24,7 +23,12 @@ from orchestrator.config import check_cluster_file
 from orchestrator.loadgen.streams import chat_body, concurrent_streams
 from orchestrator.status.links import record_linktest
 from testkit.chromium import chromium
-from testkit.orchestrator_process import Orchestrator, run_cli, running, write_cluster
+from testkit.orchestrator_process import (
+    Orchestrator,
+    gateway_status,
+    running,
+    write_cluster,
+)
 
 pytestmark = pytest.mark.e2e
 KEY = "page-key-1"
@@ -44,7 +48,7 @@ class Cluster:
     url: str
 
     def kill_rank(self, rank: int) -> None:
-        status = json.loads(run_cli("status", str(self.config), "--json", env=ENV).stdout)
+        status = gateway_status(self.url, HEADERS)  # as `status --json`, without a CLI's start
         os.kill(int(status["ranks"][rank]["pid"]), signal.SIGKILL)
 
     @contextlib.contextmanager
@@ -213,7 +217,7 @@ def test_charts_move_under_load_and_mark_a_restart(
                 "n => { const s = samples.slice(n); return s.some((p) => p.tokens_per_s > 0)"
                 " && s.some((p) => p.running > 0) && s.some((p) => p.ttft_p50_s > 0); }",
                 arg=before, timeout=180_000)
-            page.wait_for_timeout(4000)  # one more sample drawn
+            next_sample_drawn(page)
             page.screenshot(path=str(shots / "charts-load.png"), full_page=True)
         assert counts[0] >= 1 and counts[1] == 0  # rounds done, streams failed
         busy = page.evaluate("document.querySelector('#chart-tps canvas').toDataURL()")
@@ -235,9 +239,17 @@ def test_charts_move_under_load_and_mark_a_restart(
                                arg=sampled, timeout=60_000)
         page.wait_for_function(
             "document.getElementById('state').textContent === 'READY'", timeout=240_000)
-        page.wait_for_timeout(4000)
+        next_sample_drawn(page)
         page.screenshot(path=str(shots / "charts-restart.png"), full_page=True)
     keep_screenshots(shots, "page-charts")
+
+
+def next_sample_drawn(page: Any) -> None:
+    """Until /status/live pushes a sample newer than the page's last (drawn as it comes):
+    one interval at most, where a fixed wait would take the longest every time."""
+    last = page.evaluate("samples.length ? samples[samples.length - 1].t : 0")
+    page.wait_for_function("t => samples.length > 0 && samples[samples.length - 1].t > t",
+                           arg=last, timeout=30_000)
 
 
 def no_horizontal_scroll(page: object) -> bool:

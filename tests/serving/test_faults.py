@@ -105,7 +105,8 @@ def test_hung_worker_leaves_rank0_api_responsive(tmp_path: Path, tiny_model_dir:
     """hang on rank 1: rank 0 blocks in a collective, yet /health and /metrics still answer,
     showing pending work and no further step progress (what a watchdog needs)."""
     with rank_cluster(
-        tmp_path, tiny_model_dir, 2, served_model_id="m", env=fault_env("hang:rank=1:step=3")
+        tmp_path, tiny_model_dir, 2, served_model_id="m", env=fault_env("hang:rank=1:step=3"),
+        stop_grace=1.0,  # the hung rank ignores SIGTERM and rank 0 waits in a collective
     ) as cluster:
         fire_request(cluster.base_url, max_tokens=50)
         url = cluster.base_url

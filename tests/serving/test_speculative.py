@@ -25,6 +25,10 @@ CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
 PROMPT = "Repeat exactly:\n" + CODE
 MAX_TOKENS = 20
 SPECULATE = {"speculative": "prompt_lookup", "num_draft_tokens": 4}
+# The long answer of the joining test: speculating before the short request joins (after
+# ~2 steps), batched for its ~5, speculating again after; each step of 3 ranks on 2 cores
+# ~1.5 s.
+LONG_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +99,8 @@ def test_a_request_joining_a_speculating_one_stays_in_step(
     results: dict[str, dict[str, object]] = {}
 
     def long_one(url: str) -> None:
-        results["long"] = chat_body(url, [{"role": "user", "content": PROMPT + CODE}], 60,
-                                    temperature=0)
+        results["long"] = chat_body(url, [{"role": "user", "content": PROMPT + CODE}],
+                                    LONG_TOKENS, temperature=0)
 
     with rank_cluster(tmp_path, bundled_model_dir, 3, served_model_id="m",
                       **SPECULATE) as cluster:
