@@ -28,6 +28,10 @@ class LinkProbes:
         self._emit = emit
         self._servers: dict[tuple[str, int], asyncio.Server] = {}
         self._watch: asyncio.Task[None] | None = None
+        # Each watch's number: a probe loop whose cancellation was lost (it raced the
+        # probe's own end, as after a host slept) sees it is not current and stops, rather
+        # than probing a port the next gang's rank is about to accept on.
+        self._generation = 0
 
     async def listen(self, host: str, port: int) -> None:
         """Raises OSError when the address cannot be bound (not this node's, or taken)."""
@@ -51,6 +55,7 @@ class LinkProbes:
         self, targets: list[LinkTarget], interval_s: float, timeout_s: float, down_after: int
     ) -> None:
         """Replace the current watch (none when targets is empty)."""
+        self._generation += 1
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -74,8 +79,8 @@ class LinkProbes:
     async def _watch_one(
         self, target: LinkTarget, interval_s: float, timeout_s: float, down_after: int
     ) -> None:
-        misses, up = 0, True
-        while True:
+        misses, up, generation = 0, True, self._generation
+        while generation == self._generation:
             started = time.monotonic()
             error = await probe(target.host, target.port, timeout_s)
             misses = misses + 1 if error else 0
@@ -99,7 +104,8 @@ async def probe(host: str, port: int, timeout_s: float) -> str | None:
 async def connect(host: str, port: int, timeout_s: float, req_id: int = 0) -> Reachable:
     started = time.monotonic()
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        async with asyncio.timeout(timeout_s):  # 3.11's wait_for can swallow a cancellation
+            _, writer = await asyncio.open_connection(host, port)
     except TimeoutError:
         return Reachable(id=req_id, ok=False, error=f"no answer within {timeout_s:g} s")
     except ConnectionRefusedError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -97,3 +98,32 @@ async def test_connect_reports_refusal_and_probe_counts_it_as_up() -> None:
     result = await links.connect("127.0.0.1", port, 2.0)
     assert not result.ok and "refused" in result.error.lower()
     assert await links.probe("127.0.0.1", port, 2.0) is None
+
+
+async def test_a_probe_loop_whose_cancellation_was_lost_stops_once_unwatched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python 3.11's wait_for can swallow a cancellation that races its own end (a host
+    thawed after sleeping): the probe loop must still stop when its watch is replaced,
+    or it keeps connecting to a port the next gang's rank accepts its ring peer on."""
+    calls = 0
+
+    async def probe_that_swallows_cancel(host: str, port: int, timeout_s: float) -> str | None:
+        nonlocal calls
+        calls += 1
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.01)
+        return None
+
+    async def emit(message: object) -> None:
+        pass
+
+    monkeypatch.setattr(links, "probe", probe_that_swallows_cancel)
+    probes = links.LinkProbes(emit)
+    await probes.watch([LinkTarget(host="10.0.1.2", port=52101)], 0.0, 1.0, 2)
+    await asyncio.sleep(0.05)
+    await probes.close()
+    await asyncio.sleep(0.05)
+    stopped_at = calls
+    await asyncio.sleep(0.1)
+    assert calls == stopped_at, "the probe loop went on after its watch was closed"
