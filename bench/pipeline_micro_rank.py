@@ -8,7 +8,7 @@ that KV cache in each mode, the modes taking turns within every repetition:
           head on rank 0 only, tokens sent to the first stage): the control
   micro   the same with two micro-batches in flight
 Rank 0 prints one JSON object: per batch and mode, every repetition's decode tokens/s,
-each rank's busy share, and whether its tokens equal plain's.
+each rank's busy share and compute time per step, and whether its tokens equal plain's.
 
     python bench/pipeline_micro_rank.py MODEL SPLIT_JSON BATCHES_JSON STEPS REPS
 """
@@ -80,11 +80,16 @@ def main() -> None:
             for mode in order:
                 mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))  # start together
                 results[mode] = result = run(mode, model, micro, cache, first, steps)
-                busy = mx.distributed.all_gather(mx.array([result.times.busy_share]), group=group)
+                times = result.times
+                shares = mx.distributed.all_gather(
+                    mx.array([[times.busy_share, times.work_s * 1000 / (steps - 1)]]), group=group
+                ).tolist()
+                staged = mode != "plain"  # plain's forward cannot be timed by stage
                 figures[mode].append({
                     "tok_s": batch * (steps - 1) / result.seconds,
-                    # rank 0, rank 1, ...; plain's forward cannot be timed by stage
-                    "busy_share": None if mode == "plain" else [round(v, 4) for v in busy.tolist()],
+                    # rank 0, rank 1, ...
+                    "busy_share": [round(r[0], 4) for r in shares] if staged else None,
+                    "work_ms_per_step": [round(r[1], 2) for r in shares] if staged else None,
                 })
             for mode in modes:
                 figures[mode][-1]["equals_plain"] = results[mode].tokens == results["plain"].tokens

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from serving.model.pipeline_dense import DenseStage, _sliding
@@ -86,7 +87,7 @@ def plain_decode(model: Any, cache: list[Any], first: mx.array, steps: int) -> D
         mx.eval(token)
         out.append(token)
     seconds = time.perf_counter() - started
-    return DecodeResult(mx.stack(out, axis=1).tolist(), seconds)
+    return DecodeResult(_rows(out), seconds)
 
 
 class MicroBatchPipeline:
@@ -128,8 +129,7 @@ class MicroBatchPipeline:
                     mx.eval(mx.distributed.send(h, self.rank - 1))
                 times.work_s += time.perf_counter() - began
         seconds = time.perf_counter() - started
-        rows = [row for m in out for row in mx.stack(m, axis=1).tolist()]
-        return DecodeResult(rows, seconds, times)
+        return DecodeResult([row for m in out for row in _rows(m)], seconds, times)
 
     def _receive(self, token: mx.array, step: int, times: StageTimes) -> mx.array:
         """This stage's input for one micro-batch: the first stage embeds the tokens rank 0
@@ -160,3 +160,8 @@ class MicroBatchPipeline:
         if self.model.args.tie_word_embeddings:
             return self.inner.embed_tokens.as_linear(h)
         return self.model.lm_head(h)
+
+
+def _rows(steps: list[mx.array]) -> list[list[int]]:
+    """Per-step token vectors -> per-sequence token lists."""
+    return [[int(t) for t in row] for row in np.array(mx.stack(steps, axis=1))]
