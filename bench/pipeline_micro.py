@@ -8,7 +8,8 @@ one micro-batch: the control) and micro (two micro-batches in flight;
 serving/model/pipeline_micro.py). Figures: greedy decode tokens/s from an equal-length
 prompt (`--steps` tokens per sequence), each rank's busy share (the share of its decode
 time not spent waiting to receive), and whether each mode's tokens equal plain's.
-Start it under the shared lock: it starts ranks.
+`--model` takes another llama or dense qwen3 (the prototype drives the stages of
+serving/model/pipeline_dense.py). Start it under the shared lock: it starts ranks.
 
     flock /tmp/mlxco-e2e.lock .venv/bin/python bench/pipeline_micro.py --reps 5
 """
@@ -127,9 +128,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--steps", type=int, default=48, help="tokens per sequence")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--model", type=Path, help="an mlx-lm model directory of a llama or "
+                        "dense qwen3 (default: the bundled SmolLM2)")
     parser.add_argument("--out", type=Path, help="figures file (default: bench/results/)")
     args = parser.parse_args()
-    model = bundled_model()
+    model = args.model or bundled_model()
     results: dict[str, Any] = {"model": str(model), "cpus": os.cpu_count(), "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.splits:
