@@ -18,7 +18,10 @@ step's one-stage-at-a-time order, which the bench uses as a control.
 
 Each rank evaluates what it receives apart from what it computes, to time how long it
 waits (MLX's ring backend spins while receiving, so CPU time cannot tell waiting from
-working); the peer's progress is unaffected, since a send returns once queued.
+working). Sending never waits for the peer's receive here (the ring backend buffers
+small messages), which the schedule needs: rank 0 sends tok(x,s) while the first stage
+may still be sending h(y,s). Hidden states large enough to block would be safe too (the
+tokens, a few bytes, always get through), but are not what was measured.
 """
 
 from __future__ import annotations
