@@ -151,7 +151,7 @@ def bench_ranks(model_dir: Path, ranks: int, args: argparse.Namespace) -> list[F
 def print_table(figures: list[Figures]) -> None:
     """Medians; `x off` is the median of the per-repetition ratios (each paired with the
     off run next to it), with their range."""
-    print(f"\n{'ranks':>5} {'layout':8} {'workload':10} {'mode':14} {'TTFT s':>7} "
+    print(f"\n{'ranks':>5} {'layout':8} {'workload':12} {'mode':14} {'TTFT s':>7} "
           f"{'tok/s':>7} {'x off':>6} {'range':>11} {'accept':>7}")
     base = {(f.ranks, f.workload): f.tok_s for f in figures if f.mode == "off"}
     for f in sorted(figures, key=lambda f: (f.ranks, f.workload, f.mode)):
@@ -160,7 +160,7 @@ def print_table(figures: list[Figures]) -> None:
         ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
         shown = "-" if f.acceptance is None else f"{f.acceptance:.0%}"
-        print(f"{f.ranks:>5} {f.layout:8} {f.workload:10} {f.mode:14} "
+        print(f"{f.ranks:>5} {f.layout:8} {f.workload:12} {f.mode:14} "
               f"{statistics.median(f.ttft_s):>7.2f} {statistics.median(f.tok_s):>7.2f} "
               f"{ratio:>6} {spread:>11} {shown:>7}")
 
