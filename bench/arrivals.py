@@ -1,13 +1,15 @@
 """Benchmark: time to first token when requests arrive together, ours vs mlx_lm.server.
 
 For each rank count, each repetition starts our ranks (testkit.rank_cluster: rank 0's API
-directly, as bench/serving.py does; the gateway adds ~1 ms, bench/gateway.py) and then
-`python -m mlx_lm.server` on the same model directory with the same BLAS, one after the
-other (the servers alternate, so drift in the machine's load favours neither). On each
-it fires bursts of 1, 4 and 8 streamed chats at once (threads released together, one
-connection each), `--bursts` times per level, and takes every request's TTFT; then one
-stream's decode rate. Per rank count and level: TTFT p50 of both servers and the ratio
-ours / mlx_lm.server (target <= 1.1), and 1-stream tokens/s (target ratio >= 1.0).
+directly, as bench/serving.py does; the gateway adds ~1 ms, bench/gateway.py) and
+`python -m mlx_lm.server` on the same model directory with the same BLAS, both up at
+once and idle but for the burst at hand. It fires bursts of 1, 4 and 8 streamed chats at
+once (threads released together, one connection each), `--bursts` times per level, each
+burst at one server and then the same at the other (who goes first alternates), so a
+moment's load on this shared machine weighs on both alike; then one stream's decode
+rate on each. Per rank count and level: TTFT p50 of both servers and the ratio ours /
+mlx_lm.server (target <= 1.1), the paired ratios burst by burst (median, range, share
+<= 1.1), and 1-stream tokens/s (target ratio >= 1.0).
 Figures go to bench/results/arrivals-<timestamp>.json.
 
     .venv/bin/python bench/arrivals.py [--ranks 1] [--levels 1 4 8] [--repeats 3]
@@ -22,12 +24,14 @@ servers split over 2 ranks alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,7 +56,8 @@ SERVERS = ("ours", "mlx_lm.server")
 class Figures:
     server: str
     ranks: int
-    ttft_s: dict[int, list[float]] = field(default_factory=dict)  # by burst size
+    # by burst size: one list of TTFTs per burst, bursts in the order they ran
+    bursts: dict[int, list[list[float]]] = field(default_factory=dict)
     decode_tok_s: list[float] = field(default_factory=list)  # one stream
 
 
@@ -82,59 +87,84 @@ def burst(url: str, model: str, n: int, max_tokens: int, tag: str) -> list[Strea
     return done
 
 
-def measure(url: str, model: str, fig: Figures, args: argparse.Namespace, rep: int) -> None:
-    burst(url, model, 2, 4, f"warm{rep}")  # compile, allocate: the first request pays it
-    for n in args.levels:
-        for b in range(args.bursts):
-            times = burst(url, model, n, args.max_tokens, f"r{rep}n{n}b{b}")
-            fig.ttft_s.setdefault(n, []).extend(t.ttft_s or 0.0 for t in times)
-            time.sleep(0.2)
-        got = fig.ttft_s[n][-n * args.bursts:]
-        print(f"  {fig.server} {fig.ranks}r x{n} #{rep}: TTFT p50 "
-              f"{statistics.median(got):.3f} s (max {max(got):.3f})", flush=True)
-    (single,) = burst(url, model, 1, args.decode_tokens, f"r{rep}decode")
-    if len(single.arrivals) > 2:
-        span = single.arrivals[-1] - single.arrivals[0]
-        fig.decode_tok_s.append((len(single.arrivals) - 1) / span)
-        print(f"  {fig.server} {fig.ranks}r decode #{rep}: {fig.decode_tok_s[-1]:.2f} tok/s",
-              flush=True)
-
-
-def run_server(
-    server: str, model_dir: Path, ranks: int, args: argparse.Namespace, fig: Figures, rep: int
-) -> None:
-    work = args.workdir / f"{server}-{ranks}r-{rep}"
+@contextlib.contextmanager
+def serve(server: str, model_dir: Path, ranks: int, work: Path) -> Iterator[tuple[str, str]]:
+    """(base URL, model name) of one server, up until the block ends."""
     if server == "ours":
         with rank_cluster(work, model_dir, ranks, served_model_id="m", max_batch_size=8,
                           keepalive_s=30) as c:
-            measure(c.base_url, "m", fig, args, rep)
+            yield c.base_url, "m"
     else:
         with mlx_lm_server(model_dir, ranks, work) as url:
-            measure(url, str(model_dir), fig, args, rep)
+            yield url, str(model_dir)
+
+
+def measure_pair(
+    servers: dict[str, tuple[str, str]], figs: dict[str, Figures], args: argparse.Namespace,
+    rep: int,
+) -> None:
+    """Both servers up, idle but for the burst at hand: each burst goes to one, then the
+    same burst to the other (who goes first alternates), so both meet the same load."""
+    for server, (url, model) in servers.items():
+        burst(url, model, 2, 4, f"warm{rep}{server}")  # compile, allocate: the first pays
+    turn = rep
+    for n in args.levels:
+        for b in range(args.bursts):
+            turn += 1
+            for server in SERVERS if turn % 2 == 0 else SERVERS[::-1]:
+                url, model = servers[server]
+                times = burst(url, model, n, args.max_tokens, f"r{rep}n{n}b{b}")
+                figs[server].bursts.setdefault(n, []).append([t.ttft_s or 0.0 for t in times])
+                time.sleep(0.2)
+        for server, fig in figs.items():
+            got = [t for one in fig.bursts[n][-args.bursts:] for t in one]
+            print(f"  {server} {fig.ranks}r x{n} #{rep}: TTFT p50 "
+                  f"{statistics.median(got):.3f} s (max {max(got):.3f})", flush=True)
+    for server in SERVERS if rep % 2 == 0 else SERVERS[::-1]:
+        url, model = servers[server]
+        (single,) = burst(url, model, 1, args.decode_tokens, f"r{rep}decode")
+        if len(single.arrivals) > 2:
+            span = single.arrivals[-1] - single.arrivals[0]
+            figs[server].decode_tok_s.append((len(single.arrivals) - 1) / span)
+            print(f"  {server} {figs[server].ranks}r decode #{rep}: "
+                  f"{figs[server].decode_tok_s[-1]:.2f} tok/s", flush=True)
+
+
+def spread(ratios: list[float]) -> dict[str, float]:
+    """Median and range of paired ratios (ours / theirs, burst by burst)."""
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "under_1_1": sum(r <= 1.1 for r in ratios) / len(ratios)}
 
 
 def summary(figs: dict[str, Figures], levels: list[int]) -> dict[str, object]:
-    """TTFT p50 per level for both servers and the ratio, and the decode rates' ratio."""
+    """Per level: TTFT p50 over every request of both servers and its ratio, and the
+    paired ratios (each burst's p50 over the same burst's on the other server); the
+    decode rates likewise."""
     ours, theirs = figs[SERVERS[0]], figs[SERVERS[1]]
     out: dict[str, object] = {"ranks": ours.ranks}
     for n in levels:
-        a, b = statistics.median(ours.ttft_s[n]), statistics.median(theirs.ttft_s[n])
-        out[f"ttft_p50_{n}"] = {"ours": a, "mlx_lm": b, "ratio": a / b}
+        a = statistics.median(t for one in ours.bursts[n] for t in one)
+        b = statistics.median(t for one in theirs.bursts[n] for t in one)
+        paired = [statistics.median(x) / statistics.median(y)
+                  for x, y in zip(ours.bursts[n], theirs.bursts[n], strict=True)]
+        out[f"ttft_p50_{n}"] = {"ours": a, "mlx_lm": b, "ratio": a / b, "paired": spread(paired)}
     a, b = statistics.median(ours.decode_tok_s), statistics.median(theirs.decode_tok_s)
-    out["decode_tok_s"] = {"ours": a, "mlx_lm": b, "ratio": a / b}
+    paired = [x / y for x, y in zip(ours.decode_tok_s, theirs.decode_tok_s, strict=True)]
+    out["decode_tok_s"] = {"ours": a, "mlx_lm": b, "ratio": a / b, "paired": spread(paired)}
     return out
 
 
 def print_summary(rows: list[dict[str, object]], levels: list[int]) -> None:
-    print("\nranks | " + " | ".join(f"TTFT p50 x{n} ours/theirs (ratio)" for n in levels)
-          + " | 1-stream tok/s ours/theirs (ratio)")
+    print("\nranks | level | p50 ours / theirs | ratio | paired ratio median [min-max] "
+          "(share <= 1.1)")
     for row in rows:
-        cells = [str(row["ranks"])]
         for key in [f"ttft_p50_{n}" for n in levels] + ["decode_tok_s"]:
             v = row[key]
             assert isinstance(v, dict)
-            cells.append(f"{v['ours']:.3f}/{v['mlx_lm']:.3f} ({v['ratio']:.2f}x)")
-        print(" | ".join(cells))
+            p = v["paired"]
+            print(f"{row['ranks']} | {key} | {v['ours']:.3f} / {v['mlx_lm']:.3f} | "
+                  f"{v['ratio']:.2f}x | {p['median']:.2f}x [{p['min']:.2f}-{p['max']:.2f}] "
+                  f"({p['under_1_1']:.0%})")
 
 
 def main() -> None:
@@ -159,8 +189,10 @@ def main() -> None:
     for ranks in args.ranks:
         figs = {s: Figures(s, ranks) for s in SERVERS}
         for rep in range(args.repeats):
-            for server in (SERVERS if rep % 2 == 0 else SERVERS[::-1]):
-                run_server(server, model_dir, ranks, args, figs[server], rep)
+            with contextlib.ExitStack() as stack:
+                servers = {s: stack.enter_context(serve(
+                    s, model_dir, ranks, args.workdir / f"{s}-{ranks}r-{rep}")) for s in SERVERS}
+                measure_pair(servers, figs, args, rep)
         figures.extend(figs.values())
         rows.append(summary(figs, args.levels))
     print_summary(rows, args.levels)

@@ -1,12 +1,13 @@
 """Benchmark: speculative decoding (prompt lookup, draft model) on vs off, side by side.
 
-For each rank count, our ranks are started once with `[serving] speculative = "off"`,
-once with "prompt_lookup" and once with "draft" (--draft-model: the bundled model in 4-bit
-by default, drafting for the target as served), and run the same single-stream
-workloads: a code edit (a file to repeat with one change: what prompt lookup is for) and
-open-ended chat (where it rarely finds a match). Per workload: TTFT, decode tokens/s
-((completion tokens - 1) / first-to-last chunk), and the acceptance rate (accepted /
-drafted tokens, from /metrics).
+For each rank count, our ranks are started with `[serving] speculative = "off"`, with
+"prompt_lookup" and with "draft" (--draft-model: the bundled model in 4-bit by default,
+drafting for the target as served), all up at once with requests interleaved, and run
+the same single-stream workloads: a code edit (a file to repeat with one change: what
+prompt lookup is for) and two open-ended chats (where it rarely finds a match). Per
+workload: TTFT, decode tokens/s ((completion tokens - 1) / first-to-last chunk), the
+acceptance rate (accepted / drafted tokens, from /metrics) and, against `off`, the median
+and range of the per-repetition ratios.
 At 2 ranks a model whose KV heads do not split in 2 (SmolLM2) runs as a pipeline.
 Figures go to bench/results/speculative-<timestamp>.json and a table is printed.
 
@@ -17,6 +18,7 @@ Figures go to bench/results/speculative-<timestamp>.json and a table is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -64,6 +66,7 @@ WORKLOADS = {
     "code_edit": "Here is a Python file:\n\n" + FILE + "\nRewrite the whole file, with the "
     "function `merge` renamed to `merged`. Reply with the code only.",
     "chat": "Write a long, detailed story about a lighthouse keeper and a storm.",
+    "chat_explain": "Explain how a refrigerator works, in detail, for a curious teenager.",
 }
 MODES = ("off", "prompt_lookup", "draft")
 
@@ -106,45 +109,60 @@ def one_stream(url: str, text: str, max_tokens: int) -> tuple[float, float, int]
     return times.arrivals[0] - times.started, rate, times.tokens
 
 
-def bench_launch(model_dir: Path, ranks: int, mode: str, args: argparse.Namespace
-                 ) -> list[Figures]:
+def launch(stack: contextlib.ExitStack, model_dir: Path, ranks: int, mode: str,
+           args: argparse.Namespace) -> str:
+    """Start our ranks in `mode` (kept up until the stack closes); their base URL."""
     split = layout_for(model_dir, ranks)
-    layout = "pipeline" if split else "tensor"
-    work = args.workdir / f"{mode}-{ranks}"
-    figures = [Figures(ranks, layout, mode, name) for name in WORKLOADS]
     draft = {"draft_model": str(args.draft_dir)} if mode == "draft" else {}
-    with rank_cluster(work, model_dir, ranks, served_model_id="m", pipeline_split=split,
-                      speculative=mode, num_draft_tokens=args.draft_tokens,
-                      **draft) as cluster:  # type: ignore[arg-type]
-        url = cluster.base_url
-        one_stream(url, "Say hello.", 8)  # warm-up
+    cluster = stack.enter_context(rank_cluster(
+        args.workdir / f"{mode}-{ranks}", model_dir, ranks, served_model_id="m",
+        pipeline_split=split, speculative=mode, num_draft_tokens=args.draft_tokens,
+        **draft))  # type: ignore[arg-type]
+    one_stream(cluster.base_url, "Say hello.", 8)  # warm-up
+    return cluster.base_url
+
+
+def bench_ranks(model_dir: Path, ranks: int, args: argparse.Namespace) -> list[Figures]:
+    """Every mode's ranks up at once (idle ones cost nothing), requests interleaved:
+    each repetition runs a workload on every mode in turn (the order alternating), so
+    the machine's load of the moment weighs on all modes alike."""
+    layout = "pipeline" if layout_for(model_dir, ranks) else "tensor"
+    figures = {(m, w): Figures(ranks, layout, m, w) for m in args.modes for w in WORKLOADS}
+    with contextlib.ExitStack() as stack:
+        urls = {mode: launch(stack, model_dir, ranks, mode, args) for mode in args.modes}
         for rep in range(args.repeats):
-            for fig in figures:
-                drafted = metric_value(url, "serving_spec_draft_tokens_total")
-                accepted = metric_value(url, "serving_spec_accepted_tokens_total")
-                ttft, rate, tokens = one_stream(url, WORKLOADS[fig.workload], args.max_tokens)
-                fig.drafted += metric_value(url, "serving_spec_draft_tokens_total") - drafted
-                fig.accepted += metric_value(url, "serving_spec_accepted_tokens_total") - accepted
-                fig.ttft_s.append(ttft)
-                fig.tok_s.append(rate)
-                fig.tokens.append(tokens)
-                print(f"  {ranks}r {layout} {mode} {fig.workload} #{rep}: ttft {ttft:.2f} s, "
-                      f"{rate:.2f} tok/s, {tokens} tokens", flush=True)
-    return figures
+            for workload in WORKLOADS:
+                for mode in args.modes if rep % 2 == 0 else args.modes[::-1]:
+                    fig, url = figures[(mode, workload)], urls[mode]
+                    drafted = metric_value(url, "serving_spec_draft_tokens_total")
+                    accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+                    ttft, rate, tokens = one_stream(url, WORKLOADS[workload], args.max_tokens)
+                    fig.drafted += metric_value(url, "serving_spec_draft_tokens_total") - drafted
+                    fig.accepted += (metric_value(url, "serving_spec_accepted_tokens_total")
+                                     - accepted)
+                    fig.ttft_s.append(ttft)
+                    fig.tok_s.append(rate)
+                    fig.tokens.append(tokens)
+                    print(f"  {ranks}r {layout} {mode} {workload} #{rep}: ttft {ttft:.2f} s, "
+                          f"{rate:.2f} tok/s, {tokens} tokens", flush=True)
+    return list(figures.values())
 
 
 def print_table(figures: list[Figures]) -> None:
-    print(f"\n{'ranks':>5} {'layout':8} {'workload':10} {'mode':14} {'TTFT s':>7} "
-          f"{'tok/s':>7} {'x off':>6} {'accept':>7}")
-    base = {(f.ranks, f.workload): statistics.median(f.tok_s) for f in figures
-            if f.mode == "off"}
+    """Medians; `x off` is the median of the per-repetition ratios (each paired with the
+    off run next to it), with their range."""
+    print(f"\n{'ranks':>5} {'layout':8} {'workload':12} {'mode':14} {'TTFT s':>7} "
+          f"{'tok/s':>7} {'x off':>6} {'range':>11} {'accept':>7}")
+    base = {(f.ranks, f.workload): f.tok_s for f in figures if f.mode == "off"}
     for f in sorted(figures, key=lambda f: (f.ranks, f.workload, f.mode)):
-        rate = statistics.median(f.tok_s)
-        ratio = rate / base[(f.ranks, f.workload)] if (f.ranks, f.workload) in base else None
+        off = base.get((f.ranks, f.workload))
+        ratios = [a / b for a, b in zip(f.tok_s, off, strict=True)] if off else []
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
         shown = "-" if f.acceptance is None else f"{f.acceptance:.0%}"
-        print(f"{f.ranks:>5} {f.layout:8} {f.workload:10} {f.mode:14} "
-              f"{statistics.median(f.ttft_s):>7.2f} {rate:>7.2f} "
-              f"{'-' if ratio is None else f'{ratio:.2f}':>6} {shown:>7}")
+        print(f"{f.ranks:>5} {f.layout:8} {f.workload:12} {f.mode:14} "
+              f"{statistics.median(f.ttft_s):>7.2f} {statistics.median(f.tok_s):>7.2f} "
+              f"{ratio:>6} {spread:>11} {shown:>7}")
 
 
 def main() -> None:
@@ -164,8 +182,7 @@ def main() -> None:
     args.draft_dir = resolve(RankSettings(model=ModelSettings(path=args.draft_model)))
     figures: list[Figures] = []
     for ranks in args.ranks:
-        for mode in args.modes:
-            figures.extend(bench_launch(model_dir, ranks, mode, args))
+        figures.extend(bench_ranks(model_dir, ranks, args))
     print_table(figures)
     out = REPO / "bench" / "results" / f"speculative-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from serving.engine.batch import MirroredBatch, TokenEvent, digest_ints
 from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.requests import Failed, GenerationRequest
 from serving.engine.running import RunningRequest
-from serving.engine.speculative import Speculator
+from serving.engine.speculative import Speculator, known_tokens
 from serving.engine.step_plan import Insert, PlanChannel, PlanKind, StepPlan
 from serving.faults import FaultPlan
 from serving.metrics import ServingMetrics
@@ -232,7 +232,8 @@ class Engine:
         )
         if self._spec is not None:
             running = [r.request.params for uid, r in self._running.items() if uid not in removes]
-            plan.draft_slots = self._spec.slots_for(running, bool(admitted or removes))
+            plan.draft_slots = self._spec.slots_for(
+                running, bool(admitted or removes), known_tokens(self._batch))
             plan.accepted = self._spec.last_accepted
         return PlannedStep(plan, admitted, self._broadcast(plan))
 

@@ -85,6 +85,14 @@ def _single_sequence(batch: MirroredBatch) -> Any | None:
     return gb
 
 
+def known_tokens(batch: MirroredBatch) -> list[int] | None:
+    """The tokens rank 0 already has for the one sequence that could speculate (its
+    prompt and what it emitted, not the pending token: no wait for the device); None
+    when no such sequence runs. The list is the batch's own: read it, do not keep it."""
+    gb = _single_sequence(batch)
+    return None if gb is None else gb.tokens[0]
+
+
 def draft_budget(batch: MirroredBatch, slots: int) -> tuple[list[int], int] | None:
     """(the sequence's tokens so far including the pending one, how many drafts fit
     before its max_tokens) when this step can speculate; None when it cannot."""
@@ -205,16 +213,24 @@ class Speculator:
         self.slots = num_draft_tokens
         self._metrics = metrics
         self._draft = draft  # None: prompt lookup
+        self._policy = draft_lookup.LookupPolicy(num_draft_tokens)  # prompt lookup's steps
         self.last_accepted = 0  # in the latest finished step (the next plan carries it)
 
-    def slots_for(self, running: list[SamplingParams], changes_batch: bool) -> int:
-        """The next step's draft slots: k when one sequence without logits processors
-        runs alone and the plan leaves the batch as it is; 0 (a normal step) otherwise."""
+    def slots_for(
+        self, running: list[SamplingParams], changes_batch: bool,
+        known: list[int] | None = None,
+    ) -> int:
+        """The next step's draft slots: 0 (a normal step) unless one sequence without
+        logits processors runs alone and the plan leaves the batch as it is; then k with
+        a draft model, and with prompt lookup what its policy says from the tokens rank 0
+        already knows (`known`, see known_tokens)."""
         alone = len(running) == 1 and not changes_batch
-        slots = self.slots if alone and wants_speculation(running[0]) else 0
-        if not slots and self._draft is not None:
-            self._draft.reset()  # the sequence ended or has company: its draft cache goes
-        return slots
+        if not (alone and wants_speculation(running[0])):
+            self._policy.reset()
+            if self._draft is not None:
+                self._draft.reset()  # the sequence ended or has company: its cache goes
+            return 0
+        return self.slots if self._draft is not None else self._policy.slots(known)
 
     def propose(self, batch: MirroredBatch, slots: int, channel: Any) -> list[int]:
         """At the start of a step with draft slots: rank 0's drafts, sent to the workers
@@ -228,6 +244,8 @@ class Speculator:
                 drafts = self._draft.propose(*budget)
         elif budget:
             drafts = draft_lookup.propose(*budget)
+            if not drafts:  # the pending token broke the match: a miss for the policy
+                self._policy.record(0)
         if channel is not None:
             channel.send_drafts(drafts, slots)
         return drafts
@@ -235,6 +253,8 @@ class Speculator:
     def verify(self, batch: MirroredBatch, drafts: list[int]) -> list[TokenEvent]:
         verified = verify(batch, drafts)
         self.last_accepted = verified.accepted
+        if self._draft is None:
+            self._policy.record(verified.accepted)
         self._metrics.draft_tokens.inc(len(drafts))
         self._metrics.accepted_tokens.inc(verified.accepted)
         return verified.events

@@ -80,12 +80,66 @@ def test_sampled_accept_rule_keeps_the_distribution() -> None:
         assert np.abs(counts / trials - p).max() < 0.03, (draft, counts / trials)
 
 
+COPYING = [5, 6, 7, 8, 9, 5, 6, 7]  # ends in a 3-token match: the text repeats itself
+CHANCE = [5, 6, 7, 8, 9, 4, 3, 5]  # ends in a 1-token match only
+
+
 def test_draft_slots_only_for_one_greedy_sequence_on_an_unchanged_batch() -> None:
     spec = Speculator(4, ServingMetrics())
-    assert spec.slots_for([GREEDY], changes_batch=False) == 4
-    assert spec.slots_for([GREEDY], changes_batch=True) == 0  # an insert or remove this step
-    assert spec.slots_for([GREEDY, GREEDY], changes_batch=False) == 0
+    assert spec.slots_for([GREEDY], changes_batch=False, known=COPYING) == 4
+    # An insert or remove this step:
+    assert spec.slots_for([GREEDY], changes_batch=True, known=COPYING) == 0
+    assert spec.slots_for([GREEDY, GREEDY], changes_batch=False, known=COPYING) == 0
     assert spec.slots_for([], changes_batch=False) == 0
+    assert spec.slots_for([GREEDY], changes_batch=False, known=None) == 0  # still prefilling
+
+
+def test_prompt_lookup_drafts_only_after_a_match_of_two_tokens() -> None:
+    """A 1-token match is chance: the step is a plain one (no wait, no wider pass)."""
+    assert draft_lookup.propose(CHANCE, 4) == []
+    assert draft_lookup.propose(CHANCE, 4, min_ngram=1) == [6, 7, 8, 9]
+    policy = draft_lookup.LookupPolicy(4)
+    assert policy.slots(CHANCE) == 0
+    assert policy.slots(COPYING) == 4
+    assert policy.slots([]) == policy.slots(None) == 0
+
+
+def test_prompt_lookup_backs_off_after_misses_and_resumes() -> None:
+    """Drafting steps that keep nothing back off 1, 2, 4 ... up to MAX_BACKOFF plain
+    steps; an accepted draft resets it; a RESUME_NGRAM-token match ends it early."""
+    policy = draft_lookup.LookupPolicy(4)
+    two = [1, 2, 9, 8, 7, 6, 1, 2]  # a 2-token match: enough to draft, not to resume
+
+    def plain_steps() -> int:
+        count = 0
+        while policy.slots(two) == 0:
+            count += 1
+        return count
+
+    gaps = []
+    for _ in range(6):
+        policy.record(0)
+        gaps.append(plain_steps())
+    assert gaps == [1, 2, 4, 8, 8, 8]
+    policy.record(2)  # kept drafts: draft again at once
+    assert policy.slots(two) == 4
+    policy.record(0)
+    policy.record(0)
+    long_match = [1, 2, 3, 4, 9, 1, 2, 3, 4]
+    assert policy.slots(long_match) == 4  # backing off, but the text is copying again
+    policy.record(0)
+    policy.reset()  # a new sequence starts fresh
+    assert policy.slots(two) == 4
+
+
+def test_speculator_feeds_the_policy_and_resets_it_on_company() -> None:
+    """A miss recorded by prompt lookup steps back; a second request resets the policy;
+    a draft model drafts every step (its cache would be rebuilt after each pause)."""
+    spec = Speculator(4, ServingMetrics())
+    spec._policy.record(0)
+    assert spec.slots_for([GREEDY], changes_batch=False, known=COPYING) == 0
+    assert spec.slots_for([GREEDY, GREEDY], changes_batch=False, known=COPYING) == 0
+    assert spec.slots_for([GREEDY], changes_batch=False, known=COPYING) == 4
 
 
 def test_worker_checks_rank0s_accepted_count() -> None:
