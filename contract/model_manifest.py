@@ -186,6 +186,9 @@ class ModelFetch(Message, tag="model_fetch", kw_only=True):
     token: str
     files: list[FetchFile]
     timeout_s: float = 30.0  # to connect, and between two reads
+    # The server's certificate (PEM) when it speaks TLS (the head's own listener): the
+    # only one trusted for this fetch; "" for plain TCP (a neighbour on its cable).
+    tls_cert: str = ""
 
 
 class ModelFetched(Message, tag="model_fetched", kw_only=True):

@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import json
 import os
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,21 +153,22 @@ async def fetch(req: ModelFetch) -> ModelFetched:
 
 
 async def _fetch_file(req: ModelFetch, staging: Path, item: FetchFile) -> int:
-    where = f"{req.host}:{req.port}"
+    where = f"{'the head' if req.tls_cert else 'the forwarding node'} at {req.host}:{req.port}"
     length = item.size - item.offset
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(req.host, req.port), req.timeout_s
+            asyncio.open_connection(req.host, req.port, ssl=_pinned(req.tls_cert), limit=CHUNK),
+            req.timeout_s,
         )
-    except (OSError, TimeoutError) as exc:
-        raise StoreError(MODEL_IO, f"cannot reach the forwarding node at {where}: {exc}") from exc
+    except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+        raise StoreError(MODEL_IO, f"cannot reach {where}: {exc}") from exc
     try:
         ask = {"token": req.token, "path": item.path, "offset": item.offset, "length": length}
         writer.write(json.dumps(ask).encode() + b"\n")
         status = await asyncio.wait_for(reader.readline(), req.timeout_s)
         if status != b"OK\n":
             why = status.decode(errors="replace").strip() or "closed the connection"
-            raise StoreError(MODEL_IO, f"the forwarding node at {where} refused {item.path}: {why}")
+            raise StoreError(MODEL_IO, f"{where} refused {item.path}: {why}")
         return await _receive(reader, staging / item.path, item.offset, length, req.timeout_s)
     except (OSError, TimeoutError) as exc:
         raise StoreError(
@@ -178,19 +180,34 @@ async def _fetch_file(req: ModelFetch, staging: Path, item: FetchFile) -> int:
             await writer.wait_closed()
 
 
+def _pinned(cert_pem: str) -> ssl.SSLContext | None:
+    """TLS trusting only cert_pem (the head's certificate for this sync); None: plain TCP."""
+    if not cert_pem:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.check_hostname = False  # an address, not a name: the pinned certificate is the check
+    context.load_verify_locations(cadata=cert_pem)
+    return context
+
+
 async def _receive(
     reader: asyncio.StreamReader, dest: Path, offset: int, length: int, timeout_s: float
 ) -> int:
-    """length bytes from reader into dest at offset; what arrived stays (a resume)."""
+    """length bytes from reader into dest at offset, a CHUNK per write; what arrived stays
+    (a resume)."""
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o644)
     got = 0
     try:
         while got < length:
-            data = await asyncio.wait_for(reader.read(min(CHUNK, length - got)), timeout_s)
-            if not data:
+            want = min(CHUNK, length - got)
+            try:
+                data = await asyncio.wait_for(reader.readexactly(want), timeout_s)
+            except asyncio.IncompleteReadError as short:
+                await asyncio.to_thread(os.pwrite, fd, short.partial, offset + got)
                 raise StoreError(
-                    MODEL_IO, f"the forwarding node closed before {dest.name} had arrived"
-                )
+                    MODEL_IO, f"the sender closed before {dest.name} had arrived"
+                ) from None
             await asyncio.to_thread(os.pwrite, fd, data, offset + got)
             got += len(data)
     finally:
