@@ -40,6 +40,7 @@ from contract.model_manifest import (
     ModelPrepared,
     safe_relative,
 )
+from contract.placement import Placement
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
@@ -83,6 +84,7 @@ class SyncReport:
     hash_seconds: float = 0.0
     seconds: float = 0.0
     nodes: list[NodeOutcome] = field(default_factory=list)
+    placement: Placement | None = None  # pipeline: the split each node's files are for
 
     @property
     def ok(self) -> bool:
@@ -115,6 +117,7 @@ async def sync_model(
         if isinstance(source, NodeSource):
             source.root = report.path  # as the source node expanded it
         context.subsets = await node_subsets(spec, pool, context.manifest, source)
+        report.placement = context.subsets.placement
         if isinstance(source, LocalSource):
             context.head = HeadServer(Path(report.path))
             context.head.files = frozenset(f.path for f in context.manifest.files)
