@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import json
 import os
+import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -153,31 +154,45 @@ async def fetch(req: ModelFetch) -> ModelFetched:
 
 
 async def _fetch_file(req: ModelFetch, staging: Path, item: FetchFile) -> int:
+    # A thread with a blocking socket: recv_into one buffer and pwrite it (OpenSSL decrypts
+    # without the GIL), no asyncio copies per record (measured: a third of the CPU).
+    return await asyncio.to_thread(_fetch_blocking, req, staging, item)
+
+
+def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> int:
     where = f"{'the head' if req.tls_cert else 'the forwarding node'} at {req.host}:{req.port}"
     length = item.size - item.offset
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(req.host, req.port, ssl=_pinned(req.tls_cert), limit=CHUNK),
-            req.timeout_s,
-        )
-    except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+        sock = socket.create_connection((req.host, req.port), timeout=req.timeout_s)
+        context = _pinned(req.tls_cert)
+        if context is not None:
+            sock = context.wrap_socket(sock)
+    except OSError as exc:  # ssl.SSLError and timeouts are OSErrors
         raise StoreError(MODEL_IO, f"cannot reach {where}: {exc}") from exc
-    try:
-        ask = {"token": req.token, "path": item.path, "offset": item.offset, "length": length}
-        writer.write(json.dumps(ask).encode() + b"\n")
-        status = await asyncio.wait_for(reader.readline(), req.timeout_s)
-        if status != b"OK\n":
-            why = status.decode(errors="replace").strip() or "closed the connection"
-            raise StoreError(MODEL_IO, f"{where} refused {item.path}: {why}")
-        return await _receive(reader, staging / item.path, item.offset, length, req.timeout_s)
-    except (OSError, TimeoutError) as exc:
-        raise StoreError(
-            MODEL_IO, f"fetching {item.path} from {where} failed: {exc or type(exc).__name__}"
-        ) from exc
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+    with sock:
+        try:
+            ask = {"token": req.token, "path": item.path, "offset": item.offset, "length": length}
+            sock.sendall(json.dumps(ask).encode() + b"\n")
+            status = _read_line(sock)
+            if status != b"OK\n":
+                why = status.decode(errors="replace").strip() or "closed the connection"
+                raise StoreError(MODEL_IO, f"{where} refused {item.path}: {why}")
+            return _receive(sock, staging / item.path, item.offset, length)
+        except OSError as exc:
+            raise StoreError(
+                MODEL_IO, f"fetching {item.path} from {where} failed: {exc or type(exc).__name__}"
+            ) from exc
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    """The status line, byte by byte (what follows it stays in the socket for _receive)."""
+    line = bytearray()
+    while not line.endswith(b"\n") and len(line) < MAX_REQUEST:
+        byte = sock.recv(1)
+        if not byte:
+            break
+        line += byte
+    return bytes(line)
 
 
 def _pinned(cert_pem: str) -> ssl.SSLContext | None:
@@ -191,25 +206,23 @@ def _pinned(cert_pem: str) -> ssl.SSLContext | None:
     return context
 
 
-async def _receive(
-    reader: asyncio.StreamReader, dest: Path, offset: int, length: int, timeout_s: float
-) -> int:
-    """length bytes from reader into dest at offset, a CHUNK per write; what arrived stays
+def _receive(sock: socket.socket, dest: Path, offset: int, length: int) -> int:
+    """length bytes from sock into dest at offset, a CHUNK per write; what arrived stays
     (a resume)."""
+    buffer = memoryview(bytearray(CHUNK))
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o644)
     got = 0
     try:
         while got < length:
-            want = min(CHUNK, length - got)
-            try:
-                data = await asyncio.wait_for(reader.readexactly(want), timeout_s)
-            except asyncio.IncompleteReadError as short:
-                await asyncio.to_thread(os.pwrite, fd, short.partial, offset + got)
-                raise StoreError(
-                    MODEL_IO, f"the sender closed before {dest.name} had arrived"
-                ) from None
-            await asyncio.to_thread(os.pwrite, fd, data, offset + got)
-            got += len(data)
+            want, filled = min(CHUNK, length - got), 0
+            while filled < want:
+                n = sock.recv_into(buffer[filled:want])
+                if not n:
+                    os.pwrite(fd, buffer[:filled], offset + got)
+                    raise StoreError(MODEL_IO, f"the sender closed before {dest.name} had arrived")
+                filled += n
+            os.pwrite(fd, buffer[:filled], offset + got)
+            got += filled
     finally:
         os.close(fd)
     return got
