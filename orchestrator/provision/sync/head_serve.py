@@ -18,15 +18,16 @@ machine's routes pick towards the node's SSH host. The manifest check at the nod
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import hmac
 import json
 import os
 import secrets
 import socket
+import socketserver
 import ssl
 import tempfile
+import threading
 from pathlib import Path
 
 from cryptography import x509
@@ -93,7 +94,9 @@ def _server_context(key_pem: bytes, cert_pem: bytes) -> ssl.SSLContext:
 
 
 class HeadServer:
-    """This machine's model directory, served over TLS to agents presenting the token."""
+    """This machine's model directory, served over TLS to agents presenting the token: a
+    thread per connection with a blocking socket (OpenSSL encrypts without the GIL; the
+    event loop, which also talks to every agent, stays free)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -101,7 +104,7 @@ class HeadServer:
         key_pem, cert_pem = _certificate()
         self.cert_pem = cert_pem.decode()
         self._context = _server_context(key_pem, cert_pem)
-        self._servers: dict[str, asyncio.Server] = {}
+        self._servers: dict[str, socketserver.ThreadingTCPServer] = {}
         self._lock = asyncio.Lock()
         self.files: frozenset[str] = frozenset()
 
@@ -109,61 +112,86 @@ class HeadServer:
         """The port of our listener on host (started on first use)."""
         async with self._lock:
             if host not in self._servers:
-                self._servers[host] = await asyncio.start_server(
-                    self._serve_one, host, 0, ssl=self._context
-                )
-        return int(self._servers[host].sockets[0].getsockname()[1])
+                self._servers[host] = await asyncio.to_thread(self._listen, host)
+        return int(self._servers[host].server_address[1])
+
+    def _listen(self, host: str) -> socketserver.ThreadingTCPServer:
+        head = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                head._serve_one(self.request)
+
+        server_class = _Server6 if ":" in host else _Server
+        server = server_class((host, 0), Handler)
+        serve = threading.Thread(  # a short poll: close() waits for it
+            target=server.serve_forever, args=(0.05,), name=f"sync-serve {host}", daemon=True
+        )
+        serve.start()
+        return server
 
     async def close(self) -> None:
-        for server in self._servers.values():
-            server.close()
-        for server in self._servers.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 5.0)
-        self._servers.clear()
+        servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
 
-    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _serve_one(self, raw: socket.socket) -> None:
+        raw.settimeout(REQUEST_TIMEOUT_S)
         try:
-            line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
-            try:
-                ask = json.loads(line[:MAX_REQUEST])
-                token, rel = str(ask["token"]), str(ask["path"])
-                offset, length = int(ask["offset"]), int(ask["length"])
-            except (ValueError, KeyError, TypeError):
-                writer.write(b"ERR malformed request\n")
-                return
-            if not hmac.compare_digest(token.encode(), self.token.encode()):
-                writer.write(b"ERR wrong token\n")
-                return
-            if rel not in self.files or offset < 0 or length < 0:
-                writer.write(b"ERR not served\n")
-                return
-            await self._send_range(self.root / rel, offset, length, writer)
-        except (OSError, TimeoutError, ssl.SSLError):
-            pass  # the agent sees a short file and says so
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-                await asyncio.wait_for(writer.wait_closed(), 5.0)
+            with self._context.wrap_socket(raw, server_side=True) as conn:
+                line = _read_line(conn)
+                try:
+                    ask = json.loads(line[:MAX_REQUEST])
+                    token, rel = str(ask["token"]), str(ask["path"])
+                    offset, length = int(ask["offset"]), int(ask["length"])
+                except (ValueError, KeyError, TypeError):
+                    conn.sendall(b"ERR malformed request\n")
+                    return
+                if not hmac.compare_digest(token.encode(), self.token.encode()):
+                    conn.sendall(b"ERR wrong token\n")
+                    return
+                if rel not in self.files or offset < 0 or length < 0:
+                    conn.sendall(b"ERR not served\n")
+                    return
+                _send_range(self.root / rel, offset, length, conn)
+        except OSError:
+            pass  # the agent sees a short file (or no TLS) and says so
 
-    @staticmethod
-    async def _send_range(
-        path: Path, offset: int, length: int, writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            writer.write(f"ERR cannot read {path} on the head: {exc.strerror}\n".encode())
-            return
-        try:
-            writer.write(b"OK\n")
-            position, end = offset, offset + length
-            while position < end:
-                data = await asyncio.to_thread(os.pread, fd, min(CHUNK, end - position), position)
-                if not data:
-                    return  # the file shrank: the agent reports the short file
-                writer.write(data)
-                position += len(data)
-                await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
-        finally:
-            os.close(fd)
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    block_on_close = False
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    line = bytearray()
+    while not line.endswith(b"\n") and len(line) < MAX_REQUEST:
+        byte = conn.recv(1)
+        if not byte:
+            break
+        line += byte
+    return bytes(line)
+
+
+def _send_range(path: Path, offset: int, length: int, conn: socket.socket) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        conn.sendall(f"ERR cannot read {path} on the head: {exc.strerror}\n".encode())
+        return
+    try:
+        conn.sendall(b"OK\n")
+        position, end = offset, offset + length
+        while position < end:
+            data = os.pread(fd, min(CHUNK, end - position), position)
+            if not data:
+                return  # the file shrank: the agent reports the short file
+            conn.sendall(data)
+            position += len(data)
+    finally:
+        os.close(fd)
