@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import json
 import os
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from contract.model_manifest import (
     MODEL_IO,
+    NO_SPACE,
+    SENDER_UNREACHABLE,
     FetchFile,
     ModelFetch,
     ModelFetched,
@@ -168,7 +171,7 @@ def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> int:
         if context is not None:
             sock = context.wrap_socket(sock)
     except OSError as exc:  # ssl.SSLError and timeouts are OSErrors
-        raise StoreError(MODEL_IO, f"cannot reach {where}: {exc}") from exc
+        raise StoreError(SENDER_UNREACHABLE, f"cannot reach {where}: {exc}") from exc
     with sock:
         try:
             ask = {"token": req.token, "path": item.path, "offset": item.offset, "length": length}
@@ -179,6 +182,10 @@ def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> int:
                 raise StoreError(MODEL_IO, f"{where} refused {item.path}: {why}")
             return _receive(sock, staging / item.path, item.offset, length)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise StoreError(
+                    NO_SPACE, f"writing {staging / item.path} failed: the node's disk is full"
+                ) from exc
             raise StoreError(
                 MODEL_IO, f"fetching {item.path} from {where} failed: {exc or type(exc).__name__}"
             ) from exc

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from contract.bundled_models import BUNDLED_PREFIX
 from contract.model_manifest import (
+    SENDER_UNREACHABLE,
     FileToSend,
     Manifest,
     ManifestResult,
@@ -263,7 +264,9 @@ async def _transfer(
             await fetch_from_head(ctx, node, staging, send, outcome)
             return
         except AgentRequestError as exc:
-            log.warning("[%s] fetching from the head failed, pushing by SFTP: %s",
+            if exc.code != SENDER_UNREACHABLE:
+                raise
+            log.warning("[%s] cannot fetch from this machine, pushing by SFTP: %s",
                         node.spec.name, exc.message)
             outcome.head_error, outcome.sent_bytes = exc.message, 0
     outcome.via = "sftp"
