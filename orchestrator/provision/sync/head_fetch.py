@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import asyncio
 
-from contract.model_manifest import FetchFile, FileToSend, ModelFetch, ModelFetched
+from contract.model_manifest import (
+    SENDER_UNREACHABLE,
+    FetchFile,
+    FileToSend,
+    ModelFetch,
+    ModelFetched,
+)
 from orchestrator.provision.sync.head_serve import head_address
 from orchestrator.provision.sync.state import NodeOutcome, SyncContext, verify_arrived
 from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, PARALLEL_FILES
+from orchestrator.transports.errors import AgentRequestError
 from orchestrator.transports.pool import NodeConnection
 
 CONNECT_TIMEOUT_S = 10.0  # then the head pushes by SFTP instead
+
+
+class HeadUnreachable(Exception):
+    """The node cannot fetch from this machine (no route, a firewall): push by SFTP."""
 
 
 async def fetch_from_head(
@@ -22,13 +33,16 @@ async def fetch_from_head(
     send: list[FileToSend],
     outcome: NodeOutcome,
 ) -> None:
-    """Every file of send into staging, verified; raises AgentRequestError (the node could
-    not fetch: the caller pushes by SFTP), FileFailed (a file arrived wrong)."""
+    """Every file of send into staging, verified; raises HeadUnreachable (the caller pushes
+    by SFTP), AgentRequestError, FileFailed (a file arrived wrong)."""
     head = ctx.head
     assert head is not None
     name = node.spec.name
-    host = head_address(ctx.spec, node.spec)
-    port = await head.port(host)
+    try:  # a name may need resolving (mDNS): not on the event loop
+        host = await asyncio.to_thread(head_address, ctx.spec, node.spec)
+        port = await head.port(host)
+    except OSError as exc:
+        raise HeadUnreachable(f"cannot listen where {name} would reach us: {exc}") from None
     outcome.via = f"tls {host}"
     sizes = {f.path: f.size for f in ctx.manifest.files}
     ctx.progress.start(name, sum(sizes[f.path] - f.offset for f in send))
@@ -46,6 +60,11 @@ async def fetch_from_head(
             )
             try:
                 got = await ctx.pool.agent(name).request(fetch, ModelFetched, HASH_TIMEOUT_S)
+            except AgentRequestError as exc:
+                failed.set()
+                if exc.code == SENDER_UNREACHABLE:
+                    raise HeadUnreachable(exc.message) from None
+                raise
             except BaseException:
                 failed.set()
                 raise

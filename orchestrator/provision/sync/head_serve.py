@@ -52,10 +52,14 @@ def head_address(spec: ClusterSpec, node: NodeSpec) -> str:
             if other in local:
                 return link.ips[link.between.index(other)]
     host = node.ssh_host or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:  # no packet is sent
-        probe.connect((host, node.ssh_port))
-        return str(probe.getsockname()[0])
+    for family, _, _, _, address in socket.getaddrinfo(host, node.ssh_port, type=socket.SOCK_DGRAM):
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # connect() sends nothing
+            try:
+                probe.connect(address)
+            except OSError:
+                continue
+            return str(probe.getsockname()[0])
+    raise OSError(f"this machine has no route to {host}")
 
 
 def _certificate() -> tuple[bytes, bytes]:

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from contract.bundled_models import BUNDLED_PREFIX
 from contract.model_manifest import (
-    SENDER_UNREACHABLE,
     FileToSend,
     Manifest,
     ManifestResult,
@@ -46,7 +45,7 @@ from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync import forward
-from orchestrator.provision.sync.head_fetch import fetch_from_head
+from orchestrator.provision.sync.head_fetch import HeadUnreachable, fetch_from_head
 from orchestrator.provision.sync.head_serve import HeadServer
 from orchestrator.provision.sync.progress import SyncProgress
 from orchestrator.provision.sync.state import (
@@ -263,12 +262,10 @@ async def _transfer(
         try:
             await fetch_from_head(ctx, node, staging, send, outcome)
             return
-        except AgentRequestError as exc:
-            if exc.code != SENDER_UNREACHABLE:
-                raise
+        except HeadUnreachable as exc:
             log.warning("[%s] cannot fetch from this machine, pushing by SFTP: %s",
-                        node.spec.name, exc.message)
-            outcome.head_error, outcome.sent_bytes = exc.message, 0
+                        node.spec.name, exc)
+            outcome.head_error, outcome.sent_bytes = str(exc), 0
     outcome.via = "sftp"
     await _send_all(ctx, node, staging, send, outcome)
 
