@@ -163,6 +163,9 @@ class ModelServe(Message, tag="model_serve", kw_only=True):
     token: str
     files: list[str] = msgspec.field(default_factory=list)  # the only paths served
     close: bool = False
+    # Also serve from <path>.partial-sync (first): a node forwards files it verified while
+    # it still receives others, and before its own copy is renamed into place.
+    staging: bool = False
 
 
 class ModelServing(Message, tag="model_serving", kw_only=True):

@@ -36,7 +36,7 @@ from contract.model_manifest import (
     ModelServing,
     safe_relative,
 )
-from node_agent.model_store import StoreError, model_path
+from node_agent.model_store import StoreError, model_path, staging_path
 
 PARALLEL_FILES = 4
 CHUNK = 1 << 20
@@ -48,7 +48,7 @@ IDLE_CLOSE_S = 600.0
 
 @dataclass
 class _Serving:
-    root: Path
+    roots: list[Path]  # looked in, in order
     token: str
     files: frozenset[str]
     server: asyncio.Server
@@ -69,12 +69,13 @@ async def serve(req: ModelServe) -> ModelServing:
     if len(req.token) < 32:
         raise StoreError(MODEL_IO, "a forwarding token must have at least 32 characters")
     root = model_path(req.path)
-    if not root.is_dir():
+    roots = [staging_path(root), root] if req.staging else [root]
+    if not any(r.is_dir() for r in roots):
         raise StoreError(MODEL_IO, f"{root} is not a directory on this node: nothing to serve")
     bad = [f for f in req.files if not safe_relative(f)]
     if bad:
         raise StoreError(MODEL_IO, f"cannot serve paths outside the model: {bad[:3]}")
-    entry = _Serving(root, req.token, frozenset(req.files), None)  # type: ignore[arg-type]
+    entry = _Serving(roots, req.token, frozenset(req.files), None)  # type: ignore[arg-type]
     try:
         entry.server = await asyncio.start_server(lambda r, w: _serve_one(entry, r, w), req.host, 0)
     except OSError as exc:
@@ -115,7 +116,7 @@ async def _serve_one(
         if rel not in entry.files or offset < 0 or length < 0:
             writer.write(b"ERR not served\n")
             return
-        await _send_range(entry.root / rel, offset, length, writer)
+        await _send_range([r / rel for r in entry.roots], offset, length, writer)
     except (OSError, TimeoutError):
         pass  # the receiver sees a short file and reports it
     finally:
@@ -126,11 +127,21 @@ async def _serve_one(
             await writer.wait_closed()
 
 
-async def _send_range(path: Path, offset: int, length: int, writer: asyncio.StreamWriter) -> None:
-    try:
-        f = path.open("rb")
-    except OSError as exc:
-        writer.write(f"ERR cannot read {path}: {exc.strerror}\n".encode())
+async def _send_range(
+    paths: list[Path], offset: int, length: int, writer: asyncio.StreamWriter
+) -> None:
+    """The first of paths that opens (staging, then the copy it was renamed to)."""
+    for path in paths:
+        try:
+            f = path.open("rb")
+            break
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            writer.write(f"ERR cannot read {path}: {exc.strerror}\n".encode())
+            return
+    else:
+        writer.write(f"ERR {paths[-1]} does not exist\n".encode())
         return
     with f:
         writer.write(b"OK\n")

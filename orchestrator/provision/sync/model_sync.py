@@ -53,6 +53,7 @@ from orchestrator.provision.sync.state import (
     NodeOutcome,
     SyncContext,
     agent_error,
+    mark_held,
     resumable,
     verify_arrived,
 )
@@ -222,6 +223,7 @@ async def _sync_node(ctx: SyncContext, node: NodeConnection) -> NodeOutcome:
         )
         prepared = await agent.request(prepare, ModelPrepared, HASH_TIMEOUT_S)
         outcome.hashed_bytes = prepared.hashed_bytes
+        mark_held(ctx, name, manifest, [] if prepared.current else prepared.send)
         if prepared.current:
             outcome.status = "current"
             ctx.progress.done(name, "already current")

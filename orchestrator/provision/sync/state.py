@@ -3,6 +3,7 @@ helpers both the head's push (model_sync.py) and forwarding (forward.py) use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -60,6 +61,8 @@ class SyncContext:
     subsets: Subsets = field(default_factory=Subsets)
     source_name: str = ""  # "this machine" or the node's name
     head: HeadServer | None = None  # this machine's files over TLS (a local source)
+    # (node, file): that node holds the file verified (forwarding waits on it)
+    verified: Callable[[str, str], None] = lambda node, path: None
 
 
 async def resumable(source: PrefixSource, send: list[FileToSend]) -> list[FileToSend]:
@@ -98,6 +101,16 @@ async def verify_arrived(ctx: SyncContext, node: str, staging: str, rel: str, de
     got = (await ctx.pool.agent(node).request(ask, PrefixHashes, HASH_TIMEOUT_S)).sha256[0]
     if got != expected.sha256:
         raise FileFailed(
-            f"{dest} arrived with SHA-256 {got[:16]}…, the source's is {expected.sha256[:16]}…; "
+            f"{dest} arrived with SHA-256 {got[:16]}…, which differs from the source's "
+            f"{expected.sha256[:16]}…; "
             f"run `{ctx.rerun}` again (if it repeats, check that node's disk and memory)"
         )
+    ctx.verified(node, rel)
+
+
+def mark_held(ctx: SyncContext, node: str, manifest: Manifest, send: list[FileToSend]) -> None:
+    """After prepare: the files the node is not sent it holds verified already."""
+    sending = {f.path for f in send}
+    for f in manifest.files:
+        if f.path not in sending:
+            ctx.verified(node, f.path)
