@@ -13,12 +13,15 @@ directory, reached over SSH on a bridge (no shaping unless said). Measured:
 6. forward_3 (its own ring of 3 hosts, cabled like Thunderbolt): the head's uplink (the
    management bridge, shared by all 3 hosts) shaped to --uplink-rate, each cable to
    --cable-rate; sync from the head alone vs with [model] sync_forwarding (the head sends
-   to h0, h1 fetches from h0, h2 from h1): wall time and the bytes out of the head;
+   to h0, h1 fetches each file from h0 once h0 verified it, h2 from h1, hops overlapping):
+   wall time and the bytes out of the head;
 5. pipeline: the bundled model (4-bit) re-split into one shared shard and one shard per
    3 layers, synced to 3 empty hosts with parallel = "pipeline": each host's bytes vs the
    whole model.
 
     sudo .venv/bin/python bench/model_sync.py [--pad-mb 300] [--runs 2] [--only push_3,pipeline]
+        [--profile DIR]   (cProfile of each sync process; push_* also record the CPU seconds
+                           of the sync process and of rsync + ssh on this side)
 
 Figures go to bench/results/model-sync-<time>.json.
 """

@@ -45,7 +45,7 @@ from orchestrator.provision.sync.state import (
     resumable,
     verify_arrived,
 )
-from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, PARALLEL_FILES, RESUME_WINDOW
+from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, RESUME_WINDOW
 from orchestrator.transports.errors import AgentRequestError, TransportError
 from orchestrator.transports.handle import AgentHandle
 from orchestrator.transports.pool import NodeConnection
@@ -103,6 +103,7 @@ async def chain(ctx: SyncContext, targets: list[NodeConnection], push: Push) -> 
         for name in (node.spec.name for node in targets)
     }
     ctx.verified = lambda node, path: held[node].mark(path) if node in held else None
+    ctx.parallel_files = 1
 
     async def one(k: int, node: NodeConnection) -> NodeOutcome:
         name = node.spec.name
@@ -205,7 +206,7 @@ async def _fetch(
         staging=True,
     )
     serving = await holder.request(serve, ModelServing, SERVE_TIMEOUT_S)
-    gate = asyncio.Semaphore(PARALLEL_FILES)
+    gate = asyncio.Semaphore(ctx.parallel_files)
 
     async def one(item: FetchFile) -> None:
         if not await holding.wait(item.path):

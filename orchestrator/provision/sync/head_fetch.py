@@ -15,7 +15,7 @@ from contract.model_manifest import (
 )
 from orchestrator.provision.sync.head_serve import head_address
 from orchestrator.provision.sync.state import NodeOutcome, SyncContext, verify_arrived
-from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, PARALLEL_FILES
+from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S
 from orchestrator.transports.errors import AgentRequestError
 from orchestrator.transports.pool import NodeConnection
 
@@ -46,7 +46,7 @@ async def fetch_from_head(
     outcome.via = f"tls {host}"
     sizes = {f.path: f.size for f in ctx.manifest.files}
     ctx.progress.start(name, sum(sizes[f.path] - f.offset for f in send))
-    gate = asyncio.Semaphore(PARALLEL_FILES)
+    gate = asyncio.Semaphore(ctx.parallel_files)
     failed = asyncio.Event()
 
     async def one(item: FileToSend) -> None:

@@ -60,7 +60,6 @@ from orchestrator.provision.sync.state import (
 from orchestrator.provision.sync.subsets import node_subsets
 from orchestrator.provision.sync.transfer import (
     HASH_TIMEOUT_S,
-    PARALLEL_FILES,
     RESUME_WINDOW,
     LocalSource,
     NodeSource,
@@ -296,7 +295,7 @@ async def _send_all(
 ) -> None:
     sizes = {f.path: f.size for f in ctx.manifest.files}
     ctx.progress.start(outcome.node, sum(sizes[f.path] - f.offset for f in send))
-    gate = asyncio.Semaphore(PARALLEL_FILES)
+    gate = asyncio.Semaphore(ctx.parallel_files)
 
     def sent(n: int) -> None:
         outcome.sent_bytes += n

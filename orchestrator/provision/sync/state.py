@@ -18,7 +18,7 @@ from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync.head_serve import HeadServer
 from orchestrator.provision.sync.progress import SyncProgress
 from orchestrator.provision.sync.subsets import Subsets
-from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, Source
+from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, PARALLEL_FILES, Source
 from orchestrator.transports.errors import AgentRequestError, TransportError
 from orchestrator.transports.pool import NodePool
 
@@ -63,6 +63,9 @@ class SyncContext:
     head: HeadServer | None = None  # this machine's files over TLS (a local source)
     # (node, file): that node holds the file verified (forwarding waits on it)
     verified: Callable[[str, str], None] = lambda node, path: None
+    # Files sent to one node at once; forwarding sends one after the other, so the next
+    # node can fetch the first while the second arrives.
+    parallel_files: int = PARALLEL_FILES
 
 
 async def resumable(source: PrefixSource, send: list[FileToSend]) -> list[FileToSend]:
