@@ -8,9 +8,11 @@
                         ▼
         partial files from an interrupted run: resume where the source's prefix hash agrees
                         ▼
-        writes through the node's transport files, SFTP over its SSH connection
-        (PARALLEL_FILES files at once, each with RESUME_WINDOW bytes in flight); the
-        agent hashes each file as soon as it arrived
+        source here: the agent fetches each file from our TLS listener (head_fetch.py,
+        head_serve.py; at our end of its cable when we are on the ring); if it cannot
+        connect back, or the source is a node: writes through the node's transport
+        files, SFTP (PARALLEL_FILES files at once, RESUME_WINDOW bytes in flight each);
+        the agent hashes each file as soon as it arrived
                         ▼
         ModelFinalize: the agent checks every staged file (those hashes, from its cache),
         then renames the directory into place. A node never sees a half-copied model at
