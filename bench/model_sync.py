@@ -13,12 +13,15 @@ directory, reached over SSH on a bridge (no shaping unless said). Measured:
 6. forward_3 (its own ring of 3 hosts, cabled like Thunderbolt): the head's uplink (the
    management bridge, shared by all 3 hosts) shaped to --uplink-rate, each cable to
    --cable-rate; sync from the head alone vs with [model] sync_forwarding (the head sends
-   to h0, h1 fetches from h0, h2 from h1): wall time and the bytes out of the head;
+   to h0, h1 fetches each file from h0 once h0 verified it, h2 from h1, hops overlapping):
+   wall time and the bytes out of the head;
 5. pipeline: the bundled model (4-bit) re-split into one shared shard and one shard per
    3 layers, synced to 3 empty hosts with parallel = "pipeline": each host's bytes vs the
    whole model.
 
     sudo .venv/bin/python bench/model_sync.py [--pad-mb 300] [--runs 2] [--only push_3,pipeline]
+        [--profile DIR]   (cProfile of each sync process; push_* also record the CPU seconds
+                           of the sync process and of rsync + ssh on this side)
 
 Figures go to bench/results/model-sync-<time>.json.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -69,10 +73,16 @@ def make_model(model: Path, pad_mb: int) -> int:
     return sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
 
 
+PROFILE: Path | None = None  # --profile: cProfile of each sync into this directory
+
+
 def run_sync(config: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu()
+    prof = []
+    if PROFILE is not None:
+        prof = ["-m", "cProfile", "-o", str(PROFILE / f"sync-{time.time():.0f}.prof")]
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "sync", str(config), "--json"],
+        [sys.executable, *prof, "-m", "orchestrator.cli", "sync", str(config), "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -82,7 +92,14 @@ def run_sync(config: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"sync exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    return seconds, json.loads(done.stdout)
+    report = json.loads(done.stdout)
+    report["bench_cpu_s"] = round(_children_cpu() - cpu, 2)  # the orchestrator process's
+    return seconds, report
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rsync_argv(net: MultiHost, i: int, source: Path, dest: Path) -> list[str]:
@@ -101,8 +118,9 @@ def rsync_argv(net: MultiHost, i: int, source: Path, dest: Path) -> list[str]:
     ]
 
 
-def run_rsync(net: MultiHost, hosts: list[int], source: Path, dest: Path) -> float:
-    started = time.monotonic()
+def run_rsync(net: MultiHost, hosts: list[int], source: Path, dest: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of rsync and ssh on this side)."""
+    started, cpu = time.monotonic(), _children_cpu()
     procs = [subprocess.Popen(rsync_argv(net, i, source, dest)) for i in hosts]
     codes = [p.wait() for p in procs]
     seconds = time.monotonic() - started
@@ -110,7 +128,7 @@ def run_rsync(net: MultiHost, hosts: list[int], source: Path, dest: Path) -> flo
         raise RuntimeError(f"rsync exited {codes}")
     for i in hosts:
         shutil.rmtree(net.hosts[i].path(dest))
-    return seconds
+    return seconds, round(_children_cpu() - cpu, 2)
 
 
 def clear_copies(net: MultiHost, model: Path, hosts: list[int]) -> None:
@@ -148,14 +166,16 @@ def push(
     clear_copies(net, model, hosts)
     seconds, report = run_sync(config_for(tmp, net, model, hosts), env)
     assert all(n["status"] == "synced" for n in report["nodes"]), report
-    rsync_s = run_rsync(net, hosts, model, model.parent / "rsync-copy")
+    rsync_s, rsync_cpu = run_rsync(net, hosts, model, model.parent / "rsync-copy")
     return {
         "hosts": len(hosts),
         "sync_s": round(seconds, 2),
         "sync_aggregate_mb_per_s": round(total * len(hosts) / seconds / MB, 1),
         "sync_node_mb_per_s": [n["mb_per_s"] for n in report["nodes"]],
+        "sync_process_cpu_s": report["bench_cpu_s"],
         "rsync_s": round(rsync_s, 2),
         "rsync_aggregate_mb_per_s": round(total * len(hosts) / rsync_s / MB, 1),
+        "rsync_process_cpu_s": rsync_cpu,
     }
 
 
@@ -277,7 +297,10 @@ def main() -> int:
     parser.add_argument("--cable-rate", default="2gbit")
     parser.add_argument("--only", default="", help="comma-separated: push_3,unchanged_3,"
                         "push_1,resume_1,pipeline,forward_3 (default: all)")
+    parser.add_argument("--profile", type=Path, help="cProfile each sync into this directory")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     only = set(filter(None, args.only.split(",")))
 
     def wanted(section: str) -> bool:

@@ -140,6 +140,7 @@ class ModelFinalized(Message, tag="model_finalized", kw_only=True):
 NO_SPACE = "no_space"  # the node's file system lacks room: nothing was changed
 MODEL_IO = "model_io"  # a file or directory cannot be read, written or renamed
 MODEL_MISMATCH = "model_mismatch"  # staged files differ from the manifest (removed)
+SENDER_UNREACHABLE = "sender_unreachable"  # ModelFetch could not connect (or no TLS)
 
 
 # ── forwarding along the ring: a node that holds verified files serves them to the next ──
@@ -162,6 +163,9 @@ class ModelServe(Message, tag="model_serve", kw_only=True):
     token: str
     files: list[str] = msgspec.field(default_factory=list)  # the only paths served
     close: bool = False
+    # Also serve from <path>.partial-sync (first): a node forwards files it verified while
+    # it still receives others, and before its own copy is renamed into place.
+    staging: bool = False
 
 
 class ModelServing(Message, tag="model_serving", kw_only=True):
@@ -186,6 +190,9 @@ class ModelFetch(Message, tag="model_fetch", kw_only=True):
     token: str
     files: list[FetchFile]
     timeout_s: float = 30.0  # to connect, and between two reads
+    # The server's certificate (PEM) when it speaks TLS (the head's own listener): the
+    # only one trusted for this fetch; "" for plain TCP (a neighbour on its cable).
+    tls_cert: str = ""
 
 
 class ModelFetched(Message, tag="model_fetched", kw_only=True):

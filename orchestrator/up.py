@@ -35,7 +35,7 @@ from orchestrator.launch.preflight import run_preflight
 from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.placement.decide import place
-from orchestrator.provision.sync.command import sync_before_up
+from orchestrator.provision.sync.command import UpSync, sync_before_up
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,
@@ -139,11 +139,14 @@ class Service:
             return True
         if previous is not None:  # a crashed run's ranks, recorded before we overwrote its file
             await end_stale_ranks(pool, previous.ranks)
-        if self.spec.model.sync and not await sync_before_up(self.spec, pool, self.config_path):
+        synced = UpSync(ok=True)
+        if self.spec.model.sync:
+            synced = await sync_before_up(self.spec, pool, self.config_path)
+        if not synced.ok:
             return False
         self.machine.to(GangState.PREFLIGHT)
         fingerprints = await pool.fingerprint_all()
-        placement = place(self.spec, fingerprints)
+        placement = synced.placement or place(self.spec, fingerprints)  # the split sync sent
         failures = run_preflight(
             self.spec, fingerprints, await self._busy_ports(pool), placement
         )

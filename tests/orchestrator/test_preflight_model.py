@@ -1,9 +1,14 @@
 """Preflight's model check in pipeline mode: nodes holding only their stage's shards pass;
-a node lacking one of its shards, or a file that differs between nodes, is named."""
+a node lacking one of its shards, or a file that differs between nodes, is named; `up`
+checks the split sync sent."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from contract.fingerprint import ModelInfo, NodeFingerprint, OsInfo, PythonInfo
 from contract.model_manifest import ManifestFile
@@ -12,6 +17,8 @@ from contract.placement import Placement, RankShare
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
 from orchestrator.launch.preflight_model import model_preflight
+from orchestrator.provision.sync import command
+from orchestrator.provision.sync.model_sync import SyncReport
 
 SHARDS = [
     WeightShard(path="s0.safetensors", layers=[], shared=True),
@@ -67,3 +74,25 @@ def test_a_file_that_differs_between_nodes_is_named() -> None:
               "n1": node([*COMMON, "s1.safetensors", "s2.safetensors"], "b" * 64)}
     (failure,) = found(prints, PIPELINE)
     assert failure[0] == "*" and "s2.safetensors (n0: aaaa" in failure[1], failure
+
+
+def test_up_checks_the_split_sync_sent_not_one_decided_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Split drift: a split decided again after sync (a boundary layer moved to n0) would
+    find n0 lacking s1; `up` gets sync's own split from sync_before_up and preflight passes."""
+    prints = {"n0": node([*COMMON, "s2.safetensors"]), "n1": node([*COMMON, "s1.safetensors"])}
+    drifted = Placement(mode="pipeline", reason="", layer_count=4, ranks=[
+        RankShare(rank=0, node="n0", layers=(1, 4), weight_bytes=1, kv_bytes=1),
+        RankShare(rank=1, node="n1", layers=(0, 1), weight_bytes=1, kv_bytes=1),
+    ])
+    assert [n for n, _ in found(prints, drifted)] == ["n0"]
+
+    async def synced(*args: object) -> SyncReport:
+        return SyncReport(path="/m", source="this machine", placement=PIPELINE)
+
+    monkeypatch.setattr(command, "sync_model", synced)
+    pool: Any = None  # not reached: sync_model is replaced
+    up_sync = asyncio.run(command.sync_before_up(spec(), pool, tmp_path / "c.toml"))
+    assert up_sync.ok and up_sync.placement is PIPELINE
+    assert found(prints, up_sync.placement) == []

@@ -10,11 +10,12 @@ import asyncio
 import logging
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import msgspec
 
+from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync.model_sync import (
     NodeOutcome,
@@ -100,6 +101,7 @@ def _unreachable(name: str, message: str, config: Path) -> NodeOutcome:
 def summary(report: SyncReport) -> dict[str, object]:
     """The --json document: the report plus each node's rate."""
     data = asdict(report)
+    data.pop("placement")  # as each node's layers
     data["ok"] = report.ok
     for node in data["nodes"]:
         seconds = node["transfer_seconds"]
@@ -147,9 +149,19 @@ def render(report: SyncReport) -> str:
     return "\n".join(lines)
 
 
-async def sync_before_up(spec: ClusterSpec, pool: NodePool, config: Path) -> bool:
-    """`up` with model.sync: sync over the pool's connections, log the outcome; False: a
-    node is not synced (reported), do not launch."""
+@dataclass
+class UpSync:
+    """What `up` with model.sync learns from the sync."""
+
+    ok: bool  # every node holds its files (else reported: do not launch)
+    # The pipeline split the nodes' shards were chosen for: `up` launches with this one
+    # rather than deciding again (memory read moments later could move a boundary layer
+    # onto a node that was not sent its shard).
+    placement: Placement | None = None
+
+
+async def sync_before_up(spec: ClusterSpec, pool: NodePool, config: Path) -> UpSync:
+    """`up` with model.sync: sync over the pool's connections, log the outcome."""
     log = logging.getLogger("orchestrator.sync")
     try:
         report = await sync_model(
@@ -157,7 +169,7 @@ async def sync_before_up(spec: ClusterSpec, pool: NodePool, config: Path) -> boo
         )
     except SyncError as exc:
         log.error("model sync failed, nothing was launched: %s", exc)
-        return False
+        return UpSync(ok=False)
     for line in render(report).splitlines():
         (log.info if report.ok else log.error)("%s", line)
-    return report.ok
+    return UpSync(ok=report.ok, placement=report.placement)

@@ -1,18 +1,21 @@
 """Forwarding along the ring ([model] sync_forwarding): the head sends the model once.
 
-    head ══SFTP══▶ node 0 ──verified──▶ node 1 fetches from node 0 ──verified──▶ node 2 …
-                 (model_sync's push)    (ModelServe on node 0's address on their cable,
-                                         ModelFetch on node 1, ModelFinalize: the manifest
-                                         check of this hop)
+    head ══TLS/SFTP══▶ node 0 ──file verified──▶ node 1 fetches it from node 0 ──▶ node 2 …
+                       (model_sync's push)        (ModelServe on node 0's address on their
+                                                   cable, ModelFetch per file on node 1,
+                                                   ModelFinalize: this hop's manifest check)
 
-Nodes in config order (the ring's order). A node forwards only once its own copy is
-verified and holds every file the next one needs (pipeline subsets may differ); a hop
-that fails (a corrupt byte at the holder, a cable down) falls back to the head pushing
-that node, and the chain goes on from whichever node holds a verified copy.
+Nodes in config order (the ring's order), all at once: node k fetches each file from
+node k-1 as soon as node k-1 holds it verified (its staging directory, or its copy once
+renamed), while node k-1 still receives the next file, so hops overlap instead of
+running one whole copy after another. A node forwards only when its files cover the
+next one's (pipeline subsets may differ); a hop that fails (a corrupt byte at the
+holder, a cable down, the holder failing) falls back to the head pushing that node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -34,7 +37,14 @@ from contract.model_manifest import (
     PrefixHashes,
 )
 from orchestrator.config import ClusterSpec
-from orchestrator.provision.sync.state import NodeOutcome, SyncContext, agent_error, resumable
+from orchestrator.provision.sync.state import (
+    NodeOutcome,
+    SyncContext,
+    agent_error,
+    mark_held,
+    resumable,
+    verify_arrived,
+)
 from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, RESUME_WINDOW
 from orchestrator.transports.errors import AgentRequestError, TransportError
 from orchestrator.transports.handle import AgentHandle
@@ -61,14 +71,45 @@ def _covers(ctx: SyncContext, holder: str, receiver: str) -> bool:
     return all((f.path, f.sha256) in have for f in need)
 
 
+class _Held:
+    """What one node holds verified so far, for the next node to fetch."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.files = {path: asyncio.Event() for path in paths}
+        self.gone = asyncio.Event()  # its sync failed: nothing more will come
+        self.done = asyncio.Event()  # its copy is verified and in place
+
+    def mark(self, path: str) -> None:
+        if path in self.files:
+            self.files[path].set()
+
+    async def wait(self, path: str | None = None) -> bool:
+        """True once path (None: the whole copy, in place) is verified there; False when
+        that node failed first."""
+        event = self.done if path is None else self.files[path]
+        ready = asyncio.ensure_future(event.wait())
+        failed = asyncio.ensure_future(self.gone.wait())
+        await asyncio.wait({ready, failed}, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        failed.cancel()
+        return event.is_set()
+
+
 async def chain(ctx: SyncContext, targets: list[NodeConnection], push: Push) -> list[NodeOutcome]:
-    """Every target in turn: from the last node holding a verified copy, else pushed."""
-    outcomes: list[NodeOutcome] = []
-    holder: str | None = None
-    for node in targets:
+    """Every target at once: the first pushed, each next fetching from its predecessor
+    file by file as they are verified there (else pushed)."""
+    held = {
+        name: _Held([f.path for f in ctx.subsets.manifest(name, ctx.manifest).files])
+        for name in (node.spec.name for node in targets)
+    }
+    ctx.verified = lambda node, path: held[node].mark(path) if node in held else None
+    ctx.parallel_files = 1
+
+    async def one(k: int, node: NodeConnection) -> NodeOutcome:
         name = node.spec.name
+        holder = targets[k - 1].spec.name if k else None
         if holder is not None and _covers(ctx, holder, name):
-            outcome = await _forward(ctx, holder, node)
+            outcome = await _forward(ctx, holder, held[holder], node)
             if outcome.status == "failed":
                 log.info("[%s] forwarding from %s failed: %s", name, holder, outcome.error)
                 error = outcome.error
@@ -76,10 +117,15 @@ async def chain(ctx: SyncContext, targets: list[NodeConnection], push: Push) -> 
                 outcome.forward_error = error
         else:
             outcome = await push(ctx, node)
-        if outcome.status in ("synced", "current"):
-            holder = name
-        outcomes.append(outcome)
-    return outcomes
+        if outcome.status == "failed":
+            held[name].gone.set()
+        else:
+            for path in held[name].files:
+                held[name].mark(path)
+            held[name].done.set()
+        return outcome
+
+    return list(await asyncio.gather(*(one(k, node) for k, node in enumerate(targets))))
 
 
 class _HolderPrefix:
@@ -93,7 +139,9 @@ class _HolderPrefix:
         return (await self._agent.request(request, PrefixHashes, HASH_TIMEOUT_S)).sha256
 
 
-async def _forward(ctx: SyncContext, holder: str, node: NodeConnection) -> NodeOutcome:
+async def _forward(
+    ctx: SyncContext, holder: str, holding: _Held, node: NodeConnection
+) -> NodeOutcome:
     name = node.spec.name
     manifest = ctx.subsets.manifest(name, ctx.manifest)
     outcome = NodeOutcome(name, "failed", need_bytes=manifest.total_bytes)
@@ -106,20 +154,24 @@ async def _forward(ctx: SyncContext, holder: str, node: NodeConnection) -> NodeO
         )
         prepared = await agent.request(prepare, ModelPrepared, HASH_TIMEOUT_S)
         outcome.hashed_bytes = prepared.hashed_bytes
+        mark_held(ctx, name, manifest, [] if prepared.current else prepared.send)
         if prepared.current:
             outcome.status = "current"
             ctx.progress.done(name, "already current")
             return outcome
         outcome.reused_bytes = prepared.reused_bytes
         holder_agent = ctx.pool.agent(holder)
-        send = await resumable(_HolderPrefix(holder_agent, ctx.spec.model.path), prepared.send)
+        send = prepared.send
+        if any(f.offset for f in send):  # the holder's prefixes: once its copy is in place
+            if not await holding.wait():
+                raise RuntimeError(f"{holder} failed before it held the model")
+            send = await resumable(_HolderPrefix(holder_agent, ctx.spec.model.path), send)
         outcome.resumed_bytes = prepared.staged_bytes + sum(f.offset for f in send)
         sizes = {f.path: f.size for f in manifest.files}
         files = [FetchFile(path=f.path, offset=f.offset, size=sizes[f.path]) for f in send]
         ctx.progress.start(name, sum(f.size - f.offset for f in files))
         transfer_started = time.monotonic()
-        outcome.sent_bytes = await _fetch(ctx, holder_agent, agent, prepared.staging, files)
-        ctx.progress.advance(name, outcome.sent_bytes)
+        await _fetch(ctx, holder_agent, holding, name, prepared.staging, files, outcome)
         outcome.transfer_seconds = time.monotonic() - transfer_started
         finalize = ModelFinalize(path=ctx.spec.model.path, manifest=manifest)
         finalized = await agent.request(finalize, ModelFinalized, HASH_TIMEOUT_S)
@@ -138,20 +190,41 @@ async def _forward(ctx: SyncContext, holder: str, node: NodeConnection) -> NodeO
 async def _fetch(
     ctx: SyncContext,
     holder: AgentHandle,
-    receiver: AgentHandle,
+    holding: _Held,
+    name: str,
     staging: str,
     files: list[FetchFile],
-) -> int:
-    """The holder serves files for this one transfer (its own token); the receiver fetches."""
-    host = hop_address(ctx.spec, holder.node, receiver.node)
+    outcome: NodeOutcome,
+) -> None:
+    """The holder serves files for this one transfer (its own token, from its staging
+    directory too); the receiver fetches each once the holder holds it verified."""
+    receiver = ctx.pool.agent(name)
+    host = hop_address(ctx.spec, holder.node, name)
     token = secrets.token_hex(32)
     serve = ModelServe(
-        path=ctx.spec.model.path, host=host, token=token, files=[f.path for f in files]
+        path=ctx.spec.model.path, host=host, token=token, files=[f.path for f in files],
+        staging=True,
     )
     serving = await holder.request(serve, ModelServing, SERVE_TIMEOUT_S)
+    gate = asyncio.Semaphore(ctx.parallel_files)
+
+    async def one(item: FetchFile) -> None:
+        if not await holding.wait(item.path):
+            raise RuntimeError(f"{holder.node} failed before it held {item.path}")
+        async with gate:
+            fetch = ModelFetch(
+                staging=staging, host=host, port=serving.port, token=token, files=[item]
+            )
+            got = (await receiver.request(fetch, ModelFetched, HASH_TIMEOUT_S)).received_bytes
+            outcome.sent_bytes += got
+            ctx.progress.advance(name, got)
+        await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}")
+
     try:
-        fetch = ModelFetch(staging=staging, host=host, port=serving.port, token=token, files=files)
-        return (await receiver.request(fetch, ModelFetched, HASH_TIMEOUT_S)).received_bytes
+        results = await asyncio.gather(*(one(f) for f in files), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
     finally:
         with contextlib.suppress(Exception):
             await holder.request(ModelServe(token=token, close=True), ModelServing, SERVE_TIMEOUT_S)

@@ -8,9 +8,11 @@
                         ▼
         partial files from an interrupted run: resume where the source's prefix hash agrees
                         ▼
-        writes through the node's transport files, SFTP over its SSH connection
-        (PARALLEL_FILES files at once, each with RESUME_WINDOW bytes in flight); the
-        agent hashes each file as soon as it arrived
+        source here: the agent fetches each file from our TLS listener (head_fetch.py,
+        head_serve.py; at our end of its cable when we are on the ring); if it cannot
+        connect back, or the source is a node: writes through the node's transport
+        files, SFTP (PARALLEL_FILES files at once, RESUME_WINDOW bytes in flight each);
+        the agent hashes each file as soon as it arrived
                         ▼
         ModelFinalize: the agent checks every staged file (those hashes, from its cache),
         then renames the directory into place. A node never sees a half-copied model at
@@ -30,29 +32,36 @@ from pathlib import Path
 
 from contract.bundled_models import BUNDLED_PREFIX
 from contract.model_manifest import (
-    FileRange,
     FileToSend,
     Manifest,
     ManifestResult,
     ModelFinalize,
     ModelFinalized,
     ModelManifest,
-    ModelPrefixHash,
     ModelPrepare,
     ModelPrepared,
-    PrefixHashes,
     safe_relative,
 )
+from contract.placement import Placement
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync import forward
+from orchestrator.provision.sync.head_fetch import HeadUnreachable, fetch_from_head
+from orchestrator.provision.sync.head_serve import HeadServer
 from orchestrator.provision.sync.progress import SyncProgress
-from orchestrator.provision.sync.state import NodeOutcome, SyncContext, agent_error, resumable
+from orchestrator.provision.sync.state import (
+    FileFailed,
+    NodeOutcome,
+    SyncContext,
+    agent_error,
+    mark_held,
+    resumable,
+    verify_arrived,
+)
 from orchestrator.provision.sync.subsets import node_subsets
 from orchestrator.provision.sync.transfer import (
     HASH_TIMEOUT_S,
-    PARALLEL_FILES,
     RESUME_WINDOW,
     LocalSource,
     NodeSource,
@@ -77,6 +86,7 @@ class SyncReport:
     hash_seconds: float = 0.0
     seconds: float = 0.0
     nodes: list[NodeOutcome] = field(default_factory=list)
+    placement: Placement | None = None  # pipeline: the split each node's files are for
 
     @property
     def ok(self) -> bool:
@@ -109,6 +119,10 @@ async def sync_model(
         if isinstance(source, NodeSource):
             source.root = report.path  # as the source node expanded it
         context.subsets = await node_subsets(spec, pool, context.manifest, source)
+        report.placement = context.subsets.placement
+        if isinstance(source, LocalSource):
+            context.head = HeadServer(Path(report.path))
+            context.head.files = frozenset(f.path for f in context.manifest.files)
         targets = [node for node in pool.nodes.values() if _is_target(node, source_node)]
         report.nodes = [
             NodeOutcome(node.spec.name, "source")
@@ -120,6 +134,8 @@ async def sync_model(
         else:
             report.nodes += await asyncio.gather(*(_sync_node(context, node) for node in targets))
     finally:
+        if context.head is not None:
+            await context.head.close()
         await source.close()
         progress.close()
     report.seconds = time.monotonic() - started
@@ -201,13 +217,14 @@ async def _sync_node(ctx: SyncContext, node: NodeConnection) -> NodeOutcome:
     started = time.monotonic()
     try:
         if name in ctx.subsets.missing:
-            raise _FileFailed(_source_lacks(ctx, name))
+            raise FileFailed(_source_lacks(ctx, name))
         agent = ctx.pool.agent(name)
         prepare = ModelPrepare(
             path=ctx.spec.model.path, manifest=manifest, resume_window=RESUME_WINDOW
         )
         prepared = await agent.request(prepare, ModelPrepared, HASH_TIMEOUT_S)
         outcome.hashed_bytes = prepared.hashed_bytes
+        mark_held(ctx, name, manifest, [] if prepared.current else prepared.send)
         if prepared.current:
             outcome.status = "current"
             ctx.progress.done(name, "already current")
@@ -216,7 +233,7 @@ async def _sync_node(ctx: SyncContext, node: NodeConnection) -> NodeOutcome:
         send = await resumable(ctx.source, prepared.send)
         outcome.resumed_bytes = prepared.staged_bytes + sum(f.offset for f in send)
         transfer_started = time.monotonic()
-        await _send_all(ctx, node, prepared.staging, send, outcome)
+        await _transfer(ctx, node, prepared.staging, send, outcome)
         outcome.transfer_seconds = time.monotonic() - transfer_started
         finalize = ModelFinalize(path=ctx.spec.model.path, manifest=manifest)
         finalized = await agent.request(finalize, ModelFinalized, HASH_TIMEOUT_S)
@@ -225,7 +242,7 @@ async def _sync_node(ctx: SyncContext, node: NodeConnection) -> NodeOutcome:
         ctx.progress.done(name, "verified")
     except (AgentRequestError, TransportError) as exc:
         outcome.error = agent_error(exc, ctx.rerun)
-    except _FileFailed as exc:
+    except FileFailed as exc:
         outcome.error = str(exc)
     except Exception as exc:  # a timeout, or a bug: still this node's outcome, not a crash
         log.debug("[%s] sync failed", name, exc_info=True)
@@ -236,6 +253,26 @@ async def _sync_node(ctx: SyncContext, node: NodeConnection) -> NodeOutcome:
     return outcome
 
 
+async def _transfer(
+    ctx: SyncContext,
+    node: NodeConnection,
+    staging: str,
+    send: list[FileToSend],
+    outcome: NodeOutcome,
+) -> None:
+    """The node fetches from the head over TLS (a local source); if it cannot, SFTP."""
+    if ctx.head is not None:
+        try:
+            await fetch_from_head(ctx, node, staging, send, outcome)
+            return
+        except HeadUnreachable as exc:
+            log.warning("[%s] cannot fetch from this machine, pushing by SFTP: %s",
+                        node.spec.name, exc)
+            outcome.head_error, outcome.sent_bytes = str(exc), 0
+    outcome.via = "sftp"
+    await _send_all(ctx, node, staging, send, outcome)
+
+
 def _source_lacks(ctx: SyncContext, name: str) -> str:
     lacking = ctx.subsets.missing[name]
     return (
@@ -243,10 +280,6 @@ def _source_lacks(ctx: SyncContext, name: str) -> str:
         f"({', '.join(lacking[:3])}): it holds only its own stage's shards; sync from a "
         "machine with the whole model (this machine, or --from NODE)"
     )
-
-
-class _FileFailed(Exception):
-    """Sending one file failed; the message names the node's file and the fix."""
 
 
 async def _open_files(node: NodeConnection) -> NodeFiles:
@@ -264,7 +297,7 @@ async def _send_all(
 ) -> None:
     sizes = {f.path: f.size for f in ctx.manifest.files}
     ctx.progress.start(outcome.node, sum(sizes[f.path] - f.offset for f in send))
-    gate = asyncio.Semaphore(PARALLEL_FILES)
+    gate = asyncio.Semaphore(ctx.parallel_files)
 
     def sent(n: int) -> None:
         outcome.sent_bytes += n
@@ -273,7 +306,7 @@ async def _send_all(
     try:
         sink = await _open_files(node)
     except OSError as exc:
-        raise _FileFailed(f"cannot open an SFTP session: {_describe(exc)}") from None
+        raise FileFailed(f"cannot open an SFTP session: {_describe(exc)}") from None
 
     failed = asyncio.Event()
 
@@ -287,8 +320,8 @@ async def _send_all(
                 await copy_file(ctx.source, sink, item.path, dest, item.offset, size, sent)
             except OSError as exc:
                 failed.set()
-                raise _FileFailed(await _write_failure(ctx, sink, dest, exc)) from None
-        await _verify_arrived(ctx, node.spec.name, staging, item.path, dest)
+                raise FileFailed(await _write_failure(ctx, sink, dest, exc)) from None
+        await verify_arrived(ctx, node.spec.name, staging, item.path, dest)
 
     try:
         # Every file runs to its end (success or its own error): see transfer.copy_file.
@@ -298,19 +331,6 @@ async def _send_all(
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
         raise failures[0]
-
-
-async def _verify_arrived(ctx: SyncContext, node: str, staging: str, rel: str, dest: str) -> None:
-    """The node hashes the file now, while others still arrive (finalize then finds the
-    hash in its cache); a difference is reported at once."""
-    expected = next(f for f in ctx.manifest.files if f.path == rel)
-    ask = ModelPrefixHash(path=staging, ranges=[FileRange(path=rel, length=expected.size)])
-    got = (await ctx.pool.agent(node).request(ask, PrefixHashes, HASH_TIMEOUT_S)).sha256[0]
-    if got != expected.sha256:
-        raise _FileFailed(
-            f"{dest} arrived with SHA-256 {got[:16]}…, the source's is {expected.sha256[:16]}…; "
-            f"run `{ctx.rerun}` again (if it repeats, check that node's disk and memory)"
-        )
 
 
 async def _write_failure(ctx: SyncContext, sink: NodeFiles, dest: str, exc: BaseException) -> str:

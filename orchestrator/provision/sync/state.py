@@ -3,14 +3,22 @@ helpers both the head's push (model_sync.py) and forwarding (forward.py) use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from contract.model_manifest import FileRange, FileToSend, Manifest
+from contract.model_manifest import (
+    FileRange,
+    FileToSend,
+    Manifest,
+    ModelPrefixHash,
+    PrefixHashes,
+)
 from orchestrator.config import ClusterSpec
+from orchestrator.provision.sync.head_serve import HeadServer
 from orchestrator.provision.sync.progress import SyncProgress
 from orchestrator.provision.sync.subsets import Subsets
-from orchestrator.provision.sync.transfer import Source
+from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, PARALLEL_FILES, Source
 from orchestrator.transports.errors import AgentRequestError, TransportError
 from orchestrator.transports.pool import NodePool
 
@@ -38,6 +46,8 @@ class NodeOutcome:
     layers: tuple[int, int] | None = None  # pipeline: the rank's layers [start, end)
     forwarded_from: str = ""  # sync_forwarding: the node it fetched from (not the head)
     forward_error: str = ""  # forwarding failed (the head pushed instead): why
+    head_error: str = ""  # fetching from the head failed (then SFTP): why
+    via: str = ""  # how the bytes came: "tls <head address>", "sftp", or "" (none sent)
 
 
 @dataclass
@@ -50,6 +60,12 @@ class SyncContext:
     rerun: str  # the command that resumes
     subsets: Subsets = field(default_factory=Subsets)
     source_name: str = ""  # "this machine" or the node's name
+    head: HeadServer | None = None  # this machine's files over TLS (a local source)
+    # (node, file): that node holds the file verified (forwarding waits on it)
+    verified: Callable[[str, str], None] = lambda node, path: None
+    # Files sent to one node at once; forwarding sends one after the other, so the next
+    # node can fetch the first while the second arrives.
+    parallel_files: int = PARALLEL_FILES
 
 
 async def resumable(source: PrefixSource, send: list[FileToSend]) -> list[FileToSend]:
@@ -74,3 +90,30 @@ def agent_error(exc: AgentRequestError | TransportError, rerun: str) -> str:
         return f"{exc.message}; run `{rerun}` again once the node is back (it resumes)"
     fix = FIXES.get(exc.code, f"run `{rerun}` again")
     return f"{exc.message}" + (f"; {fix}" if fix else f"; run `{rerun}` again")
+
+
+class FileFailed(Exception):
+    """Sending one file failed; the message names the node's file and the fix."""
+
+
+async def verify_arrived(ctx: SyncContext, node: str, staging: str, rel: str, dest: str) -> None:
+    """The node hashes the file now, while others still arrive (finalize then finds the
+    hash in its cache); a difference is reported at once."""
+    expected = next(f for f in ctx.manifest.files if f.path == rel)
+    ask = ModelPrefixHash(path=staging, ranges=[FileRange(path=rel, length=expected.size)])
+    got = (await ctx.pool.agent(node).request(ask, PrefixHashes, HASH_TIMEOUT_S)).sha256[0]
+    if got != expected.sha256:
+        raise FileFailed(
+            f"{dest} arrived with SHA-256 {got[:16]}…, which differs from the source's "
+            f"{expected.sha256[:16]}…; "
+            f"run `{ctx.rerun}` again (if it repeats, check that node's disk and memory)"
+        )
+    ctx.verified(node, rel)
+
+
+def mark_held(ctx: SyncContext, node: str, manifest: Manifest, send: list[FileToSend]) -> None:
+    """After prepare: the files the node is not sent it holds verified already."""
+    sending = {f.path for f in send}
+    for f in manifest.files:
+        if f.path not in sending:
+            ctx.verified(node, f.path)
