@@ -101,7 +101,7 @@ def test_chat_through_gateway(bundled_cluster: Cluster) -> None:
 
 
 @pytest.mark.e2e
-def test_status_shows_three_ready_ranks(
+def test_status_shows_every_rank_ready(
     smollm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`status --json` and the table show the cluster ready with its 2 running ranks."""
