@@ -13,6 +13,7 @@ import pytest
 
 from contract.exit_codes import RankExit
 from testkit.rank_cluster import rank_cluster
+from testkit.tiny_model import write_tiny_model
 from testkit.waiting import metric_value, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +39,15 @@ def fault_env(spec: str) -> dict[str, str]:
     return {"ORCHESTRATOR_FAULT": spec}
 
 
+@pytest.fixture(scope="module")
+def three_way_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A tiny model that shards 3 ways (6 heads, 3 KV heads): a worker lost among 3 ranks
+    at a step's cost of milliseconds, where 3 ranks of SmolLM2 on 2 cores take seconds.
+    (tiny_model_dir: the bundled tokenizer, converted once.)"""
+    return write_tiny_model(tmp_path_factory.mktemp("three-way") / "m", num_heads=6,
+                            num_kv_heads=3, hidden_size=48)
+
+
 def test_injected_desync_exits_worker_with_desync_code(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -54,9 +64,9 @@ def test_injected_desync_exits_worker_with_desync_code(
         assert cluster.wait_exit(0, 30) == RankExit.PEER_LOST
 
 
-def test_killed_worker_makes_rank0_exit_peer_lost(tmp_path: Path, bundled_model_dir: Path) -> None:
+def test_killed_worker_makes_rank0_exit_peer_lost(tmp_path: Path, three_way_model: Path) -> None:
     """SIGKILL on an idle worker: rank 0 notices via keepalive and exits PEER_LOST within 5 s."""
-    with rank_cluster(tmp_path, bundled_model_dir, 3, served_model_id="m") as cluster:
+    with rank_cluster(tmp_path, three_way_model, 3, served_model_id="m") as cluster:
         os.kill(cluster.procs[2].pid, signal.SIGKILL)
         assert cluster.wait_exit(0, 5) == RankExit.PEER_LOST
         assert "peer lost" in cluster.log_text(0)
@@ -64,14 +74,14 @@ def test_killed_worker_makes_rank0_exit_peer_lost(tmp_path: Path, bundled_model_
 
 
 def test_worker_killed_mid_step_ends_rank0_and_its_requests(
-    tmp_path: Path, bundled_model_dir: Path
+    tmp_path: Path, three_way_model: Path
 ) -> None:
     """SIGKILL on a worker while rank 0 waits inside a step's collective (the worker is
     held at step 4 first): MLX 0.32's ring fails that collective without releasing its
     waiter, yet rank 0 exits PEER_LOST within 5 s and the in-flight stream ends with an
     error event instead of a cut connection."""
     with rank_cluster(
-        tmp_path, bundled_model_dir, 3, served_model_id="m", env=fault_env("hang:rank=1:step=4")
+        tmp_path, three_way_model, 3, served_model_id="m", env=fault_env("hang:rank=1:step=4")
     ) as cluster:
         body = {"model": "m", "prompt": "Tell a long story", "max_tokens": 50, "stream": True}
         with httpx.stream(
