@@ -70,7 +70,9 @@ async def serve(req: ModelServe) -> ModelServing:
         raise StoreError(MODEL_IO, "a forwarding token must have at least 32 characters")
     root = model_path(req.path)
     roots = [staging_path(root), root] if req.staging else [root]
-    if not any(r.is_dir() for r in roots):
+    # A holder still receiving may not have begun yet: each file is asked for only once
+    # the head knows it is held, and one missing then is refused by itself.
+    if not req.staging and not root.is_dir():
         raise StoreError(MODEL_IO, f"{root} is not a directory on this node: nothing to serve")
     bad = [f for f in req.files if not safe_relative(f)]
     if bad:

@@ -112,3 +112,21 @@ def test_a_listener_left_open_closes_when_idle(
         return token in model_relay._serving
 
     assert not asyncio.run(left_open())
+
+
+def test_a_holder_not_yet_receiving_may_serve_what_it_will_hold(tmp_path: Path) -> None:
+    """With sync_forwarding, a node may be asked to serve before its own copy has begun
+    (hops overlap): it listens at once; without staging, a missing model is refused."""
+    later = tmp_path / "later" / "model"
+
+    async def serve_then_hold() -> int:
+        token = secrets.token_hex(32)
+        request = ModelServe(path=str(later), host="127.0.0.1", token=token, staging=True)
+        serving = await model_relay.handle(request)
+        await model_relay.handle(ModelServe(token=token, close=True))
+        return serving.port  # type: ignore[union-attr]
+
+    assert asyncio.run(serve_then_hold()) > 0
+    with pytest.raises(model_store.StoreError, match="nothing to serve"):
+        asyncio.run(model_relay.handle(
+            ModelServe(path=str(later), host="127.0.0.1", token=secrets.token_hex(32))))

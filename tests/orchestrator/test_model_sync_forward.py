@@ -73,7 +73,8 @@ def test_forwarding_sends_the_model_once_and_checks_every_hop(
     arrived = [after - b for after, b in zip(wire_bytes(net), before, strict=True)]
     nodes = by_node(report)
     assert code == 0 and all(n["status"] == "synced" for n in nodes.values()), report
-    assert [nodes[h]["forwarded_from"] for h in ("h0", "h1", "h2")] == ["", "h0", "h1"]
+    forwarded = [nodes[h]["forwarded_from"] for h in ("h0", "h1", "h2")]
+    assert forwarded == ["", "h0", "h1"], [nodes[h].get("forward_error") for h in nodes]
     assert all(nodes[h]["sent_bytes"] == size for h in nodes)
     for i in range(3):
         assert same_model(net, i, model, model)  # tiny model + PAD, byte for byte
