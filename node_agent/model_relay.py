@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hmac
 import json
 import os
 import socket
@@ -25,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.file_range import check_request, read_line
 from contract.model_manifest import (
     MODEL_IO,
     NO_SPACE,
@@ -40,7 +40,6 @@ from node_agent.model_store import StoreError, model_path, staging_path
 
 PARALLEL_FILES = 4
 CHUNK = 1 << 20
-MAX_REQUEST = 64 << 10  # a request line's bytes at most
 # A listener nobody connected to for this long is closed (its orchestrator went away
 # before ModelServe(close=True)); a receiver opens one connection per file.
 IDLE_CLOSE_S = 600.0
@@ -105,19 +104,11 @@ async def _serve_one(
     entry.active += 1
     try:
         line = await asyncio.wait_for(reader.readline(), 30.0)
-        try:
-            ask = json.loads(line[:MAX_REQUEST])
-            token, rel = str(ask["token"]), str(ask["path"])
-            offset, length = int(ask["offset"]), int(ask["length"])
-        except (ValueError, KeyError, TypeError):
-            writer.write(b"ERR malformed request\n")
+        ask = check_request(line, entry.token, entry.files)
+        if isinstance(ask, bytes):
+            writer.write(ask)
             return
-        if not hmac.compare_digest(token.encode(), entry.token.encode()):
-            writer.write(b"ERR wrong token\n")
-            return
-        if rel not in entry.files or offset < 0 or length < 0:
-            writer.write(b"ERR not served\n")
-            return
+        rel, offset, length = ask
         await _send_range([r / rel for r in entry.roots], offset, length, writer)
     except (OSError, TimeoutError):
         pass  # the receiver sees a short file and reports it
@@ -189,7 +180,7 @@ def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> int:
         try:
             ask = {"token": req.token, "path": item.path, "offset": item.offset, "length": length}
             sock.sendall(json.dumps(ask).encode() + b"\n")
-            status = _read_line(sock)
+            status = read_line(sock)
             if status != b"OK\n":
                 why = status.decode(errors="replace").strip() or "closed the connection"
                 raise StoreError(MODEL_IO, f"{where} refused {item.path}: {why}")
@@ -202,17 +193,6 @@ def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> int:
             raise StoreError(
                 MODEL_IO, f"fetching {item.path} from {where} failed: {exc or type(exc).__name__}"
             ) from exc
-
-
-def _read_line(sock: socket.socket) -> bytes:
-    """The status line, byte by byte (what follows it stays in the socket for _receive)."""
-    line = bytearray()
-    while not line.endswith(b"\n") and len(line) < MAX_REQUEST:
-        byte = sock.recv(1)
-        if not byte:
-            break
-        line += byte
-    return bytes(line)
 
 
 def _pinned(cert_pem: str) -> ssl.SSLContext | None:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import hmac
-import json
 import os
 import secrets
 import socket
@@ -35,11 +33,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from contract.file_range import check_request, read_line
 from orchestrator.config import ClusterSpec, NodeSpec
 
 CHUNK = 1 << 20
 REQUEST_TIMEOUT_S = 30.0
-MAX_REQUEST = 64 << 10
 
 
 def head_address(spec: ClusterSpec, node: NodeSpec) -> str:
@@ -144,20 +142,11 @@ class HeadServer:
         raw.settimeout(REQUEST_TIMEOUT_S)
         try:
             with self._context.wrap_socket(raw, server_side=True) as conn:
-                line = _read_line(conn)
-                try:
-                    ask = json.loads(line[:MAX_REQUEST])
-                    token, rel = str(ask["token"]), str(ask["path"])
-                    offset, length = int(ask["offset"]), int(ask["length"])
-                except (ValueError, KeyError, TypeError):
-                    conn.sendall(b"ERR malformed request\n")
+                ask = check_request(read_line(conn), self.token, self.files)
+                if isinstance(ask, bytes):
+                    conn.sendall(ask)
                     return
-                if not hmac.compare_digest(token.encode(), self.token.encode()):
-                    conn.sendall(b"ERR wrong token\n")
-                    return
-                if rel not in self.files or offset < 0 or length < 0:
-                    conn.sendall(b"ERR not served\n")
-                    return
+                rel, offset, length = ask
                 _send_range(self.root / rel, offset, length, conn)
         except OSError:
             pass  # the agent sees a short file (or no TLS) and says so
@@ -170,16 +159,6 @@ class _Server(socketserver.ThreadingTCPServer):
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
-
-
-def _read_line(conn: socket.socket) -> bytes:
-    line = bytearray()
-    while not line.endswith(b"\n") and len(line) < MAX_REQUEST:
-        byte = conn.recv(1)
-        if not byte:
-            break
-        line += byte
-    return bytes(line)
 
 
 def _send_range(path: Path, offset: int, length: int, conn: socket.socket) -> None:
