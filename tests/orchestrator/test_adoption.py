@@ -24,7 +24,7 @@ from testkit.orchestrator_process import (
 pytestmark = pytest.mark.e2e
 
 BUNDLED = "bundled:smollm2-135m-instruct"
-LOCAL3 = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(3)]
+LOCAL2 = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(2)]
 BODY = {"model": "tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
 
 
@@ -92,9 +92,9 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
     launch, no model load) and every request then succeeds. `down --keep-ranks` ends only
     the orchestrator; then `down` with no orchestrator running reaches the agents and ends
     ranks and agents."""
-    # The bundled model, 3 ranks (pipeline): the full launch timed is a real model load.
-    # Standby ranks (3 MLX imports) would compete for the cores with the requests timed.
-    config = write_cluster(tmp_path, BUNDLED, LOCAL3, model={"id": "tiny"},
+    # The bundled model, 2 ranks (pipeline): the full launch timed is a real model load.
+    # Standby ranks (2 MLX imports) would compete for the cores with the requests timed.
+    config = write_cluster(tmp_path, BUNDLED, LOCAL2, model={"id": "tiny"},
                            supervisor={"orphan_grace_s": 60.0, "standby_ranks": False})
     url = _url(config)
     started = time.monotonic()
@@ -109,7 +109,7 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
         t = time.monotonic()
         orphaned = run_cli("status", str(config)).stdout
         print(f"status with no orchestrator: {time.monotonic() - t:.1f} s")
-        assert "no orchestrator; gang of 3 ranks serving, orphaned since" in orphaned, orphaned
+        assert "no orchestrator; gang of 2 ranks serving, orphaned since" in orphaned, orphaned
         started = time.monotonic()
         second = Orchestrator(config)
         second.wait_ready(url, timeout_s=60)
