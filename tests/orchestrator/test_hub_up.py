@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 SERVED_AS = "SmolLM2-135M-Instruct-test"
 PROMPTS = ["The capital of France is"]
-# Tokens per answer: each a step of 3 ranks on (here) 2 cores, whose collectives busy-poll.
 TOKENS = 6
+HOSTS = 2  # pipeline (9 heads): 3 tensor ranks on 2 cores would busy-poll for seconds a step
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
 
 
@@ -30,7 +30,6 @@ def complete(base_url: str, model: str, prompt: str) -> str:
     return reply.choices[0].text
 
 
-
 def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     netns_hosts: HostsFactory,
     tmp_path: Path,
@@ -38,8 +37,8 @@ def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     served: ServedRepo,
     bundled_quantized_dir: Path,
 ) -> None:
-    """3 hosts, nothing at the store: `up` with [model] sync pulls once at the head, syncs
-    to all three, and greedy output equals the bundled model on one local rank."""
+    """2 hosts, nothing at the store: `up` with [model] sync pulls once at the head, syncs
+    to both, and greedy output equals the bundled model on one local rank."""
     with rank_cluster(tmp_path / "one", bundled_quantized_dir, 1, served_model_id="m") as one:
         reference = [complete(one.base_url, "m", prompt) for prompt in PROMPTS]
     store = tmp_path / "store"
@@ -47,10 +46,10 @@ def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     snapshot = snapshots / served.commit
     # Each host's own tmpfs at snapshots/ (not at the store: the hosts share ~/.cache, where
     # the agents keep a sync lock named after the model's parent directory's device).
-    net = netns_hosts(3, "switch", PrivateTmpfs(str(snapshots), "256m"))
-    assert not any(any(net.hosts[i].path(snapshots).iterdir()) for i in range(3))
+    net = netns_hosts(HOSTS, "switch", PrivateTmpfs(str(snapshots), "256m"))
+    assert not any(any(net.hosts[i].path(snapshots).iterdir()) for i in range(HOSTS))
     model = {"path": f"hf:{TEST_REPO}", "store": str(store), "sync": True}
-    nodes = [net.node(i) for i in range(3)]
+    nodes = [net.node(i) for i in range(HOSTS)]
     config = write_cluster(tmp_path, model["path"], nodes, model=model, **NO_STANDBY)
     api = f"http://127.0.0.1:{_api_port(config)}"
     env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "unused-cache")}
@@ -60,7 +59,7 @@ def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     assert f"model hf:{TEST_REPO} is {snapshot} on every node" in text, text
     total = sum(f.size for f in served.files.values())
     assert sum(hub.sent.values()) == total  # pulled once, at the head
-    for i in range(3):
+    for i in range(HOSTS):
         copy = net.hosts[i].path(snapshot)
         assert sorted(p.name for p in copy.iterdir()) == sorted(served.files), i
         assert not any(p.is_symlink() for p in copy.iterdir())  # plain files on the nodes

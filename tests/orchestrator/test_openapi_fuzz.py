@@ -21,8 +21,8 @@ from testkit.orchestrator_process import running, write_cluster
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 KEY = "fuzz-key"
 # Generated requests per operation in the fuzzing phase (the coverage phase adds its own
-# boundary cases): without the key each is a quick 401, so fewer do. About 90 s in all.
-EXAMPLES = {KEY: 50, None: 10}
+# boundary cases): without the key each is a quick 401, so fewer do. About 30 s in all.
+EXAMPLES = {KEY: 30, None: 10}
 
 
 class Served:
