@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 BUNDLED = "bundled:smollm2-135m-instruct"
 PROMPTS = ["The capital of France is"]
-# Tokens per answer: each a step of 3 ranks on (here) 2 cores, whose collectives busy-poll.
+# Tokens per answer: each a step of 3 ranks (the ring) on (here) 2 cores, whose
+# collectives busy-poll.
 TOKENS = 6
 # Standby ranks would start (and import MLX) while the test talks to the cluster: off.
 RUNS = ".cache/mlx-cluster-orchestrator/runs/test"  # rank directories, under the node's home
@@ -173,13 +174,14 @@ def serve_and_compare(
     assert only_sshd_left(net)
 
 
-def test_three_hosts_on_a_switch_serve_like_one_rank(
+def test_two_hosts_on_a_switch_serve_like_one_rank(
     netns_hosts: HostsFactory, tmp_path: Path, one_rank_text: list[str]
 ) -> None:
-    """3 SSH nodes, one subnet: greedy output equals 1 rank; rank 0 refuses requests from
-    another host that lack the launch's secret; status shows them; down cleans."""
-    net = netns_hosts(3, "switch")
-    config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(3)], **NO_STANDBY)
+    """2 SSH nodes, one subnet (pipeline: 9 heads): greedy output equals 1 rank; rank 0
+    refuses requests from another host that lack the launch's secret; status shows them;
+    down cleans. (3 hosts in tensor parallel: the ring test below.)"""
+    net = netns_hosts(2, "switch")
+    config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(2)], **NO_STANDBY)
     serve_and_compare(
         net, config, one_rank_text, lambda up: rank0_refuses_another_host(net, config, up)
     )
