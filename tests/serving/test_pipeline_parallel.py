@@ -61,11 +61,12 @@ def _ranges(split: list[int]) -> list[tuple[int, int]]:
     return [(sum(split[r + 1 :]), sum(split[r:])) for r in range(len(split))]
 
 
-def test_two_rank_pipeline_matches_one_rank(tmp_path: Path, bundled_quantized_dir: Path) -> None:
+def test_two_rank_pipeline_matches_one_rank(tmp_path: Path, bundled_model_dir: Path) -> None:
     """SmolLM2 (a llama: 9 heads, which 2 ranks cannot split by heads) at 2 pipeline
-    ranks with an uneven split (rank 0 the last 20 layers, rank 1 the first 10)."""
-    single = outputs(tmp_path / "r1", bundled_quantized_dir, None)
-    assert outputs(tmp_path / "p2", bundled_quantized_dir, [20, 10]) == single
+    ranks with an uneven split (rank 0 the last 20 layers, rank 1 the first 10), as ranks
+    here serve it (float32 on OpenBLAS; the 4-bit form in pipeline: test_hub_up)."""
+    single = outputs(tmp_path / "r1", bundled_model_dir, None)
+    assert outputs(tmp_path / "p2", bundled_model_dir, [20, 10]) == single
 
 
 def test_qwen3_pipeline_matches_one_rank(tmp_path: Path, bundled_quantized_dir: Path) -> None:

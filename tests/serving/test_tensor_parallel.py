@@ -47,7 +47,7 @@ BIASED = 42  # a +100 logit_bias makes greedy decoding pick it with probability 
 # ranks on 2 cores takes ~1.5-2 s (5 answers of 4 tokens: ~40 s), of the tiny model at 4
 # ranks ~0.2 s (its longer answers check a longer KV cache).
 BUNDLED_TOKENS = 4
-TINY_TOKENS = 12
+TINY_TOKENS = 8
 
 
 def chat_body(url: str, messages: list[dict[str, str]], max_tokens: int,
