@@ -152,9 +152,9 @@ def test_one_corrupted_byte_is_found_by_the_full_digest_and_repaired(
     flip_a_byte(weights)
     flip_a_byte(model / WEIGHTS)
     here = {"name": "here", "transport": "local", "ip": "127.0.0.1", "python": sys.executable}
-    (tmp_path / "with-local").mkdir()
+    (tmp_path / "wl").mkdir()  # short: an agent socket path under it is bounded (103 bytes)
     nodes_table = [here, net.node(0), net.node(1)]
-    with_local = write_cluster(tmp_path / "with-local", str(model), nodes_table, **NO_STANDBY)
+    with_local = write_cluster(tmp_path / "wl", str(model), nodes_table, **NO_STANDBY)
     code, fourth = sync(with_local, "--from", "h0")
     nodes = by_node(fourth)
     assert code == 0 and nodes["h0"]["status"] == "source", fourth
