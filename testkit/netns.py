@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import ipaddress
+import os
 import random
 import secrets
 import shlex
@@ -216,8 +217,12 @@ def usable() -> str | None:
 def _free_subnets() -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]:
     """A /24 of 198.18/15 (the benchmarking range) for each network, routed nowhere yet."""
     routes = sh(IP, "route", "show", "table", "all", check=False).stdout
+    # Tests running at once (pytest-xdist's workers) draw from disjoint octets: two that
+    # look at the routes together cannot both take one subnet.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    octets = range(worker, 256, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     for _ in range(100):
-        third = random.randrange(256)
+        third = random.choice(octets)
         mgmt, data = f"198.18.{third}.", f"198.19.{third}."
         if mgmt not in routes and data not in routes:
             return (ipaddress.IPv4Network(f"{mgmt}0/24"), ipaddress.IPv4Network(f"{data}0/24"))
