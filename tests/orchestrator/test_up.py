@@ -336,6 +336,7 @@ def leftover_rank(launch_id: str) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @pytest.mark.e2e
+@pytest.mark.alone
 def test_a_request_through_the_gateway_wakes_idle_workers(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
