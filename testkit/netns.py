@@ -120,6 +120,17 @@ class MultiHost:
         counter = Path(f"/sys/class/net/{self.prefix}m{i}/statistics/tx_bytes")
         return int(counter.read_text())
 
+    def only_sshd_left(self, within_s: float = 30.0) -> bool:
+        """Within within_s, nothing but its sshd runs in any host: agents and ranks are all
+        gone."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            sshds = {host.sshd.pid if host.sshd else 0 for host in self.hosts}
+            if not any(set(host.pids()) - sshds for host in self.hosts):
+                return True
+            time.sleep(0.3)
+        return False
+
     def node(self, i: int, **overrides: Any) -> dict[str, Any]:
         """A cluster.toml [[nodes]] table reaching host i over SSH with strict host keys."""
         table: dict[str, Any] = {

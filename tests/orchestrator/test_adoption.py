@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from testkit.netns import HostsFactory, MultiHost
+from testkit.netns import HostsFactory
 from testkit.orchestrator_process import (
     Orchestrator,
     kill_all,
@@ -42,16 +42,6 @@ def _status(config: Path) -> dict[str, Any]:
 def _pids(config: Path) -> dict[int, int]:
     return {rank["rank"]: rank["pid"] for rank in _status(config)["ranks"]}
 
-
-def only_sshd_left(net: MultiHost, within_s: float = 30.0) -> bool:
-    """Nothing but its sshd runs in any host: agents and ranks are all gone."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        extra = [set(host.pids()) - {host.sshd.pid if host.sshd else 0} for host in net.hosts]
-        if not any(extra):
-            return True
-        time.sleep(0.3)
-    return False
 
 
 @pytest.fixture
@@ -171,4 +161,4 @@ def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: P
         if second is not None:
             second.stop()
         first.stop()
-    assert only_sshd_left(net)
+    assert net.only_sshd_left()

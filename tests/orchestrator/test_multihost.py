@@ -71,16 +71,6 @@ def api_url(config: Path) -> str:
     return f"http://{api['host']}:{api['port']}"
 
 
-def only_sshd_left(net: MultiHost, within_s: float = 30.0) -> bool:
-    """Nothing but its sshd runs in any host: agents and ranks are all gone."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        extra = [set(host.pids()) - {host.sshd.pid if host.sshd else 0} for host in net.hosts]
-        if not any(extra):
-            return True
-        time.sleep(0.3)
-    return False
-
 
 def blas_line(output: str, node: str) -> str:
     """The BLAS line of the rank on `node` in the orchestrator's output."""
@@ -171,7 +161,7 @@ def serve_and_compare(
             assert f"{threads} threads" in blas_line(orchestrator.text, host.name)
         assert run_cli("down", str(config)).returncode == 0
         assert orchestrator.wait_exit() == 0
-    assert only_sshd_left(net)
+    assert net.only_sshd_left()
 
 
 def test_two_hosts_on_a_switch_serve_like_one_rank(
@@ -215,4 +205,4 @@ def test_a_dead_cable_is_refused_before_launch(netns_hosts: HostsFactory, tmp_pa
     rows = [line for line in orchestrator.output if address in line]
     assert rows and "h1" in rows[0] and "h2" in rows[0], orchestrator.text
     assert "links[1].ips[1]" in orchestrator.text
-    assert only_sshd_left(net)
+    assert net.only_sshd_left()
