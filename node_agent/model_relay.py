@@ -225,9 +225,9 @@ def _receive(
     """length bytes from sock into dest at offset, a CHUNK per write, each hashed as it is
     written (after the staged prefix): (bytes, the file's SHA-256, its stat after the last
     write). What arrived stays (a resume)."""
+    sha = sha256_prefix(dest, offset) if offset else hashlib.sha256()
     buffer = memoryview(bytearray(CHUNK))
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o644)
-    sha = sha256_prefix(dest, offset) if offset else hashlib.sha256()
     got = 0
     try:
         while got < length:
