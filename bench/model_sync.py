@@ -176,6 +176,7 @@ def push(
         "rsync_s": round(rsync_s, 2),
         "rsync_aggregate_mb_per_s": round(total * len(hosts) / rsync_s / MB, 1),
         "rsync_process_cpu_s": rsync_cpu,
+        "rsync_s_over_sync_s": round(rsync_s / seconds, 2),  # >= 1: sync at least as fast
     }
 
 
@@ -338,7 +339,8 @@ def main() -> int:
         runs = results[key]
         results[f"{key}_median"] = {
             k: statistics.median(r[k] for r in runs)
-            for k in ("sync_aggregate_mb_per_s", "rsync_aggregate_mb_per_s", "sync_s", "rsync_s")
+            for k in ("sync_aggregate_mb_per_s", "rsync_aggregate_mb_per_s", "sync_s", "rsync_s",
+                      "rsync_s_over_sync_s")
         }
     out = REPO / "bench" / "results" / f"model-sync-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -198,6 +198,10 @@ class ModelFetch(Message, tag="model_fetch", kw_only=True):
 class ModelFetched(Message, tag="model_fetched", kw_only=True):
     id: int
     received_bytes: int
+    # Each file's SHA-256 (in the request's order), hashed as its bytes were written, its
+    # staged prefix first: the orchestrator checks it against the manifest at once, and
+    # the node's hash cache holds it for ModelFinalize (no file is read a second time).
+    sha256: list[str] = msgspec.field(default_factory=list)
 
 
 RelayRequest = ModelServe | ModelFetch  # members of agent_protocol's Request union

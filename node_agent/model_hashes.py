@@ -7,7 +7,9 @@ A file's hash is reused while its inode, size, mtime and ctime are unchanged. An
 through the file system moves ctime (which no tool can set back), so a byte changed in
 place is never hidden by the cache; a rename keeps all four, so a copy renamed into
 place needs no rehash. Several files are hashed at once (hashlib drops the GIL).
-The cache is an optimisation only: unreadable or unwritable, it is ignored.
+Several caches of one file may be open at once (an agent's requests run in threads): a
+save merges the entries put since the last one into the file as it is now, so none drops
+another's. The cache is an optimisation only: unreadable or unwritable, it is ignored.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ CACHE_ENV = "ORCHESTRATOR_HASH_CACHE"  # another cache directory (tests, read-on
 CHUNK = 8 << 20
 SAVE_EVERY_S = 10.0  # a long first hash keeps what it has done if it is interrupted
 HASH_THREADS = 4
+_SAVING = threading.Lock()  # a save's read, merge and write, one at a time in a process
 
 
 class HashCache:
@@ -44,16 +47,17 @@ class HashCache:
         except OSError:
             ident = str(root)
         self.file = base / f"{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
-        self._entries: dict[str, list[object]] = {}
         self._lock = threading.Lock()
-        self._dirty = False
+        self._put: set[str] = set()  # keys put since the last save
         self._saved_at = time.monotonic()
+        self._entries = self._load()
+
+    def _load(self) -> dict[str, list[object]]:
         try:
             loaded = json.loads(self.file.read_text())
-            if isinstance(loaded, dict):
-                self._entries = loaded
         except (OSError, ValueError):
-            pass
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
 
     @staticmethod
     def _key(st: os.stat_result) -> str:
@@ -75,27 +79,32 @@ class HashCache:
                 sha256,
                 str(path),
             ]
-            self._dirty = True
+            self._put.add(self._key(st))
             due = time.monotonic() - self._saved_at > SAVE_EVERY_S
         if due:
             self.save()
 
     def save(self) -> None:
-        with self._lock:
-            if not self._dirty:
-                return
-            self._entries = {k: v for k, v in self._entries.items() if _live(k, v)}
-            data = json.dumps(self._entries)
-            self._dirty = False
-            self._saved_at = time.monotonic()
-        tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.{threading.get_ident()}")
-        try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(data)
-            tmp.replace(self.file)
-        except OSError as exc:
-            log.warning("cannot write the hash cache %s: %s", self.file, exc)
-            tmp.unlink(missing_ok=True)
+        """Our new entries merged into the file as it is now (another cache of the same
+        file may have saved since we loaded it)."""
+        with _SAVING:
+            with self._lock:
+                if not self._put:
+                    return
+                ours = {k: self._entries[k] for k in self._put}
+                self._put.clear()
+                self._saved_at = time.monotonic()
+            merged = {k: v for k, v in (self._load() | ours).items() if _live(k, v)}
+            with self._lock:
+                self._entries = merged | {k: self._entries[k] for k in self._put}
+            tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}")
+            try:
+                self.file.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(merged))
+                tmp.replace(self.file)
+            except OSError as exc:
+                log.warning("cannot write the hash cache %s: %s", self.file, exc)
+                tmp.unlink(missing_ok=True)
 
 
 def _live(key: str, entry: list[object]) -> bool:
@@ -113,6 +122,11 @@ class ModelFileError(Exception):
 
 def sha256_file(path: Path, length: int | None = None) -> str:
     """sha256 of the file, or of its first `length` bytes."""
+    return sha256_prefix(path, length).hexdigest()
+
+
+def sha256_prefix(path: Path, length: int | None = None) -> hashlib._Hash:
+    """A sha256 fed the file (or its first `length` bytes), to be fed more."""
     h = hashlib.sha256()
     left = length
     buf = bytearray(CHUNK)
@@ -127,7 +141,7 @@ def sha256_file(path: Path, length: int | None = None) -> str:
                 left -= n
     if left:
         raise ModelFileError(f"{path} is shorter than {length} bytes")
-    return h.hexdigest()
+    return h
 
 
 @dataclass

@@ -7,8 +7,10 @@
 
 Plain TCP: nodes hold no SSH credentials to each other, and the link between neighbours
 is a cable. What protects it: a random token per transfer (compared in constant time),
-only the named files of the model directory are served, and the receiver's ModelFinalize
-checks every byte against the manifest before the copy is renamed into place.
+only the named files of the model directory are served, and the receiver hashes every
+byte as it writes it: the orchestrator checks each file's SHA-256 against the manifest,
+and ModelFinalize checks them all again (from the node's hash cache) before the copy is
+renamed into place.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -36,7 +39,8 @@ from contract.model_manifest import (
     ModelServing,
     safe_relative,
 )
-from node_agent.model_store import StoreError, model_path, staging_path
+from node_agent.model_hashes import ModelFileError, sha256_prefix
+from node_agent.model_store import StoreError, model_path, remember_arrived, staging_path
 
 PARALLEL_FILES = 4
 CHUNK = 1 << 20
@@ -152,21 +156,25 @@ async def fetch(req: ModelFetch) -> ModelFetched:
         raise StoreError(MODEL_IO, f"cannot fetch paths outside the model: {bad[:3]}")
     gate = asyncio.Semaphore(PARALLEL_FILES)
 
-    async def one(item: FetchFile) -> int:
+    async def one(item: FetchFile) -> tuple[int, str]:
         async with gate:
             return await _fetch_file(req, staging, item)
 
     got = await asyncio.gather(*(one(item) for item in req.files))
-    return ModelFetched(id=req.id, received_bytes=sum(got))
+    return ModelFetched(
+        id=req.id, received_bytes=sum(n for n, _ in got), sha256=[sha for _, sha in got]
+    )
 
 
-async def _fetch_file(req: ModelFetch, staging: Path, item: FetchFile) -> int:
-    # A thread with a blocking socket: recv_into one buffer and pwrite it (OpenSSL decrypts
-    # without the GIL), no asyncio copies per record (measured: a third of the CPU).
+async def _fetch_file(req: ModelFetch, staging: Path, item: FetchFile) -> tuple[int, str]:
+    # A thread with a blocking socket: recv_into one buffer, hash and pwrite it (OpenSSL
+    # decrypts and hashlib hashes without the GIL), no asyncio copies per record
+    # (measured: a third of the CPU).
     return await asyncio.to_thread(_fetch_blocking, req, staging, item)
 
 
-def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> int:
+def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> tuple[int, str]:
+    """(bytes received, the whole staged file's SHA-256)."""
     where = f"{'the head' if req.tls_cert else 'the forwarding node'} at {req.host}:{req.port}"
     length = item.size - item.offset
     try:
@@ -184,7 +192,12 @@ def _fetch_blocking(req: ModelFetch, staging: Path, item: FetchFile) -> int:
             if status != b"OK\n":
                 why = status.decode(errors="replace").strip() or "closed the connection"
                 raise StoreError(MODEL_IO, f"{where} refused {item.path}: {why}")
-            return _receive(sock, staging / item.path, item.offset, length)
+            got, sha256, st = _receive(sock, staging / item.path, item.offset, length)
+            if st.st_size == item.size:
+                remember_arrived(staging, item.path, st, sha256)
+            return got, sha256
+        except ModelFileError as exc:  # the staged prefix is shorter than its offset
+            raise StoreError(MODEL_IO, f"cannot resume {item.path}: {exc}") from exc
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise StoreError(
@@ -206,9 +219,13 @@ def _pinned(cert_pem: str) -> ssl.SSLContext | None:
     return context
 
 
-def _receive(sock: socket.socket, dest: Path, offset: int, length: int) -> int:
-    """length bytes from sock into dest at offset, a CHUNK per write; what arrived stays
-    (a resume)."""
+def _receive(
+    sock: socket.socket, dest: Path, offset: int, length: int
+) -> tuple[int, str, os.stat_result]:
+    """length bytes from sock into dest at offset, a CHUNK per write, each hashed as it is
+    written (after the staged prefix): (bytes, the file's SHA-256, its stat after the last
+    write). What arrived stays (a resume)."""
+    sha = sha256_prefix(dest, offset) if offset else hashlib.sha256()
     buffer = memoryview(bytearray(CHUNK))
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o644)
     got = 0
@@ -218,14 +235,21 @@ def _receive(sock: socket.socket, dest: Path, offset: int, length: int) -> int:
             while filled < want:
                 n = sock.recv_into(buffer[filled:want])
                 if not n:
-                    os.pwrite(fd, buffer[:filled], offset + got)
+                    _write(fd, buffer[:filled], offset + got)
                     raise StoreError(MODEL_IO, f"the sender closed before {dest.name} had arrived")
                 filled += n
-            os.pwrite(fd, buffer[:filled], offset + got)
+            sha.update(buffer[:filled])
+            _write(fd, buffer[:filled], offset + got)
             got += filled
+        return got, sha.hexdigest(), os.fstat(fd)
     finally:
         os.close(fd)
-    return got
+
+
+def _write(fd: int, data: memoryview, at: int) -> None:
+    while data:  # a short write is rare (a full disk raises), but would leave a hole
+        n = os.pwrite(fd, data, at)
+        data, at = data[n:], at + n
 
 
 async def handle(req: ModelServe | ModelFetch) -> ModelServing | ModelFetched:

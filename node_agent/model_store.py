@@ -257,12 +257,25 @@ def _link(source: Path, dest: Path, cache: HashCache) -> None:
         cache.put(dest.stat(), known, dest)
 
 
+def _cache_of(root: Path) -> HashCache:
+    """The hash cache of the model at root, or of the model root stages (the same one)."""
+    return HashCache(root.with_name(root.name.removesuffix(STAGING_SUFFIX)))
+
+
+def remember_arrived(staging: Path, rel: str, st: os.stat_result, sha256: str) -> None:
+    """A staged file's SHA-256, hashed as its bytes arrived (st: its stat after the last
+    write), kept for finalize, which then reads it no second time."""
+    cache = _cache_of(staging)
+    cache.put(st, sha256, staging / rel)
+    cache.save()
+
+
 def prefix_hashes(req: ModelPrefixHash) -> PrefixHashes:
     """A range covering a whole file is hashed through the cache: the orchestrator checks
-    each file as soon as it has arrived, so finalize then finds every hash known."""
+    each file as soon as it has arrived (sent by SFTP), so finalize then finds every hash
+    known."""
     root = model_path(req.path)
-    model = root.with_name(root.name.removesuffix(STAGING_SUFFIX))
-    cache, stats = HashCache(model), HashStats()
+    cache, stats = _cache_of(root), HashStats()
     out = []
     for item in req.ranges:
         if not safe_relative(item.path):

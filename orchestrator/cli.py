@@ -194,14 +194,18 @@ def _sync_options(sub: argparse.ArgumentParser) -> None:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from orchestrator.models.commands import located_or_exit
+    from orchestrator.models.hub_ref import is_hub
     from orchestrator.provision.sync.command import sync_command
 
     spec, _warnings = check_cluster_file(args.config)
-    located = located_or_exit(spec, args.config, pull_first=False)
-    if isinstance(located, int):
-        return located
-    return sync_command(located, args.config, args.source, args.json)
+    if is_hub(spec.model.path):  # the hub's client only then: 0.2 s of imports
+        from orchestrator.models.commands import located_or_exit
+
+        located = located_or_exit(spec, args.config, pull_first=False)
+        if isinstance(located, int):
+            return located
+        spec = located
+    return sync_command(spec, args.config, args.source, args.json)
 
 
 def _pull(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,13 @@ from contract.model_manifest import (
     FetchFile,
     Manifest,
     ModelFetch,
+    ModelFetched,
     ModelFinalize,
     ModelPrepare,
     ModelServe,
 )
 from node_agent import model_relay, model_store
-from node_agent.model_hashes import CACHE_ENV, build_manifest
+from node_agent.model_hashes import CACHE_ENV, build_manifest, sha256_file
 from tests.node_agent.test_model_store import big_model
 
 
@@ -29,6 +31,10 @@ def private_hash_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def forward(holder: Path, target: Path, manifest: Manifest, token: str = "") -> int:
+    return (await fetched(holder, target, manifest, token)).received_bytes
+
+
+async def fetched(holder: Path, target: Path, manifest: Manifest, token: str = "") -> ModelFetched:
     prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
     sizes = {f.path: f.size for f in manifest.files}
     files = [FetchFile(path=f.path, offset=f.offset, size=sizes[f.path]) for f in prepared.send]
@@ -45,7 +51,9 @@ async def forward(holder: Path, target: Path, manifest: Manifest, token: str = "
             files=files,
             timeout_s=5.0,
         )
-        return (await model_relay.handle(fetch)).received_bytes  # type: ignore[union-attr]
+        reply = await model_relay.handle(fetch)
+        assert isinstance(reply, ModelFetched)
+        return reply
     finally:
         await model_relay.handle(ModelServe(token=real, close=True))
 
@@ -63,6 +71,51 @@ def test_a_fetched_copy_is_verified_and_renamed(tmp_path: Path) -> None:
     assert not model_relay._serving  # the listener is closed
 
 
+def test_each_file_is_hashed_as_it_arrives_and_never_read_again(tmp_path: Path) -> None:
+    """The fetch answers each file's SHA-256, hashed while its bytes were written, and
+    leaves it in the node's hash cache: finalize checks the manifest without a read."""
+    holder = big_model(tmp_path / "holder")
+    manifest, _ = build_manifest(holder)
+    target = tmp_path / "node" / "model"
+    reply = asyncio.run(fetched(holder, target, manifest))
+    assert reply.sha256 == [f.sha256 for f in manifest.files]
+    done = model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    assert done.hashed_bytes == 0
+
+
+def test_a_wrong_byte_on_the_way_gives_its_true_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One byte changed between the socket and the disk's hash (as a fault on the wire
+    past TCP's checksum would): the hash answered is that of the bytes written, so the
+    file differs from the manifest at once, and finalize refuses it from the cache."""
+    holder = big_model(tmp_path / "holder")
+    manifest, _ = build_manifest(holder)
+    real_recv_into = socket.socket.recv_into
+    flipped = False
+
+    def recv_into(sock: socket.socket, buffer: memoryview, *args: int) -> int:
+        nonlocal flipped
+        n = real_recv_into(sock, buffer, *args)
+        if n > 1000 and not flipped:
+            buffer[500] ^= 0x01
+            flipped = True
+        return n
+
+    monkeypatch.setattr(socket.socket, "recv_into", recv_into)
+    target = tmp_path / "node" / "model"
+    reply = asyncio.run(fetched(holder, target, manifest))
+    assert flipped
+    staging = model_store.staging_path(target)
+    written = [sha256_file(staging / f.path) for f in manifest.files]
+    assert reply.sha256 == written  # what is on the disk, not what was sent
+    wrong = [f.path for f, sha in zip(manifest.files, reply.sha256, strict=True) if sha != f.sha256]
+    assert len(wrong) == 1
+    with pytest.raises(model_store.StoreError) as caught:
+        model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    assert caught.value.code == MODEL_MISMATCH and wrong[0] in caught.value.message
+
+
 def test_a_partial_file_resumes_where_it_stopped(tmp_path: Path) -> None:
     holder = big_model(tmp_path / "holder")
     manifest, _ = build_manifest(holder)
@@ -71,9 +124,11 @@ def test_a_partial_file_resumes_where_it_stopped(tmp_path: Path) -> None:
     staging.mkdir(parents=True)
     pad = (holder / "pad.safetensors").read_bytes()
     (staging / "pad.safetensors").write_bytes(pad[:600_000])
-    got = asyncio.run(forward(holder, target, manifest))
-    assert got == manifest.total_bytes - 600_000
-    model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    reply = asyncio.run(fetched(holder, target, manifest))
+    assert reply.received_bytes == manifest.total_bytes - 600_000
+    assert reply.sha256 == [f.sha256 for f in manifest.files]  # the staged prefix's too
+    done = model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    assert done.hashed_bytes == 0
 
 
 def test_a_corrupt_byte_at_the_holder_is_caught_at_the_next_hop(tmp_path: Path) -> None:

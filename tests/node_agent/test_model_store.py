@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from contract.model_manifest import (
     ModelPrepare,
 )
 from node_agent import model_store
-from node_agent.model_hashes import CACHE_ENV, build_manifest, sha256_file
+from node_agent.model_hashes import CACHE_ENV, HashCache, build_manifest, sha256_file
 from tests.node_agent.test_model_probe import make_model
 
 
@@ -44,6 +45,27 @@ def test_a_second_manifest_reads_nothing(tmp_path: Path) -> None:
     again, stats = build_manifest(model)
     assert again == first and stats.hashed_bytes == 0
     assert first.by_path()["pad.safetensors"].sha256 == sha256_file(model / "pad.safetensors")
+
+
+def test_hash_caches_of_one_model_open_at_once_keep_each_others_entries(
+    tmp_path: Path,
+) -> None:
+    """An agent's requests run in threads, each with its own cache of the model: a save
+    merges into the file, so the last one does not drop what the others put."""
+    model = big_model(tmp_path / "m")
+    first, second = HashCache(model), HashCache(model)
+    a, b = model / "pad.safetensors", model / "config.json"
+    first.put(a.stat(), "a" * 64, a)
+    second.put(b.stat(), "b" * 64, b)
+    first.save()
+    second.save()
+    again = HashCache(model)
+    assert again.get(a.stat()) == "a" * 64 and again.get(b.stat()) == "b" * 64
+    b.unlink()  # a removed file's entry goes at the next save
+    first.put(a.stat(), "c" * 64, a)
+    first.save()
+    assert HashCache(model).get(a.stat()) == "c" * 64
+    assert len(json.loads(first.file.read_text())) == 1
 
 
 def test_prepare_stage_finalize_renames_a_verified_copy(tmp_path: Path) -> None:

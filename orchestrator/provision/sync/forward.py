@@ -215,10 +215,11 @@ async def _fetch(
             fetch = ModelFetch(
                 staging=staging, host=host, port=serving.port, token=token, files=[item]
             )
-            got = (await receiver.request(fetch, ModelFetched, HASH_TIMEOUT_S)).received_bytes
-            outcome.sent_bytes += got
-            ctx.progress.advance(name, got)
-        await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}")
+            got = await receiver.request(fetch, ModelFetched, HASH_TIMEOUT_S)
+            outcome.sent_bytes += got.received_bytes
+            ctx.progress.advance(name, got.received_bytes)
+        sha256 = got.sha256[0] if got.sha256 else ""
+        await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}", sha256)
 
     try:
         results = await asyncio.gather(*(one(f) for f in files), return_exceptions=True)

@@ -1,6 +1,7 @@
 """A node fetches the files it lacks from the head's TLS listener (head_serve.py): one
-ModelFetch per file, PARALLEL_FILES at once, each hashed by the node as soon as it arrived
-(then ModelFinalize finds every hash in its cache)."""
+ModelFetch per file, PARALLEL_FILES at once, each hashed by the node as its bytes arrive
+and checked against the manifest when its fetch answers (then ModelFinalize finds every
+hash in the node's cache)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ async def fetch_from_head(
                 raise
             outcome.sent_bytes += got.received_bytes
             ctx.progress.advance(name, got.received_bytes)
-        await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}")
+        sha256 = got.sha256[0] if got.sha256 else ""
+        await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}", sha256)
 
     results = await asyncio.gather(*(one(item) for item in send), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]

@@ -12,7 +12,8 @@
         head_serve.py; at our end of its cable when we are on the ring); if it cannot
         connect back, or the source is a node: writes through the node's transport
         files, SFTP (PARALLEL_FILES files at once, RESUME_WINDOW bytes in flight each);
-        the agent hashes each file as soon as it arrived
+        the agent hashes each file's bytes as it writes them (a fetch) or as soon as
+        the file arrived (SFTP); each SHA-256 is checked against the manifest at once
                         ▼
         ModelFinalize: the agent checks every staged file (those hashes, from its cache),
         then renames the directory into place. A node never sees a half-copied model at

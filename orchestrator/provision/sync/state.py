@@ -96,12 +96,16 @@ class FileFailed(Exception):
     """Sending one file failed; the message names the node's file and the fix."""
 
 
-async def verify_arrived(ctx: SyncContext, node: str, staging: str, rel: str, dest: str) -> None:
-    """The node hashes the file now, while others still arrive (finalize then finds the
-    hash in its cache); a difference is reported at once."""
+async def verify_arrived(
+    ctx: SyncContext, node: str, staging: str, rel: str, dest: str, got: str = ""
+) -> None:
+    """The file's SHA-256 against the manifest's, a difference reported at once. got: the
+    node hashed it as it arrived (a fetch); else the node hashes it now, while others
+    still arrive (SFTP). Either way finalize then finds the hash in the node's cache."""
     expected = next(f for f in ctx.manifest.files if f.path == rel)
-    ask = ModelPrefixHash(path=staging, ranges=[FileRange(path=rel, length=expected.size)])
-    got = (await ctx.pool.agent(node).request(ask, PrefixHashes, HASH_TIMEOUT_S)).sha256[0]
+    if not got:
+        ask = ModelPrefixHash(path=staging, ranges=[FileRange(path=rel, length=expected.size)])
+        got = (await ctx.pool.agent(node).request(ask, PrefixHashes, HASH_TIMEOUT_S)).sha256[0]
     if got != expected.sha256:
         raise FileFailed(
             f"{dest} arrived with SHA-256 {got[:16]}…, which differs from the source's "
