@@ -333,21 +333,15 @@ def _start_sshd(net: MultiHost, host: Host) -> str:
     command = [str(SSHD), "-D", "-e", "-f", str(config)]
     if host.tmpfs is not None:
         Path(host.tmpfs.path).mkdir(parents=True, exist_ok=True)  # the mount point
-        mount = f"mount -t tmpfs -o size={shlex.quote(host.tmpfs.size)} tmpfs " + shlex.quote(
-            host.tmpfs.path
-        )
+        size, path = shlex.quote(host.tmpfs.size), shlex.quote(host.tmpfs.path)
+        mount = f"mount -t tmpfs -o size={size} tmpfs {path}"
         # The mount namespace ends with its last process: teardown's kills unmount it.
-        command = [
-            "unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f"{mount} && exec {shlex.join(command)}",
-        ]
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   f"{mount} && exec {shlex.join(command)}"]
     with log.open("wb") as log_file:
-        host.sshd = subprocess.Popen(
-            [IP, "netns", "exec", host.ns, *command],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+        host.sshd = subprocess.Popen([IP, "netns", "exec", host.ns, *command],
+                                     stdin=subprocess.DEVNULL, stdout=log_file,
+                                     stderr=subprocess.STDOUT)
     wait_listening(host.sshd, host.mgmt_ip, 22, log)
     alg, blob = host_pub.split()[:2]
     return f"{host.mgmt_ip} {alg} {blob}"
