@@ -202,6 +202,7 @@ def limited(tmp_path: Path, bundled_model_dir: Path):  # type: ignore[no-untyped
         yield cluster
 
 
+@pytest.mark.alone  # both requests must be seen pending within one 3 s request timeout
 def test_queue_limit_429_and_request_timeout(limited) -> None:  # type: ignore[no-untyped-def]
     """With one slot and one waiting place, a third request gets 429 + Retry-After; a request
     running past request_timeout_s ends with a timeout error."""
