@@ -22,7 +22,9 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -162,11 +164,15 @@ class Agent:
             log_to_file(self._socket.with_suffix(".log"))
         log.warning("%s: the ranks serve on, up to %g s for an orchestrator to adopt them",
                     reason, self._orphan_grace_s)
-        dropping = asyncio.create_task(self._drop_session_state())
-        self._tasks.add(dropping)
-        dropping.add_done_callback(self._tasks.discard)
+        self._spawn_task(self._drop_session_state())
         self._orphan.begin(self._orphan_grace_s)
         return False
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        """A task the agent cancels when it shuts down."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _drop_session_state(self) -> None:
         """What an ended session asked for stops with it: its standbys, usage reports, and
@@ -206,9 +212,7 @@ class Agent:
             | ModelFinalize | ModelServe | ModelFetch,
         ):
             # These wait (grace periods, tools): answer out of order, keep reading.
-            task = asyncio.create_task(self._dispatch(session, req))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn_task(self._dispatch(session, req))
         else:
             await self._dispatch(session, req)
 
