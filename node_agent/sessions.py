@@ -129,8 +129,9 @@ class Sessions:
             try:
                 line = await session.reader.readline()
             except (ValueError, asyncio.LimitOverrunError):
-                too_long = "request line too long"
-                await self.send(session, ErrorReply(id=None, code="bad_request", message=too_long))
+                too_long = ErrorReply(id=None, code=protocol.BAD_REQUEST,
+                                      message="request line too long")
+                await self.send(session, too_long)
                 continue
             except ConnectionError:
                 line = b""
