@@ -105,14 +105,12 @@ async def adopt_or_clear(spec: ClusterSpec, pool: NodePool) -> Gang | None:
     if not states:
         return None
     fingerprints = await pool.fingerprint_all()
+    record = next((state.launch for state in states.values() if state.launch), None)
     why = mismatch(spec, states, fingerprints)
-    if why:
-        log.warning("not adopting the running gang: %s; ending it and launching afresh", why)
-        await asyncio.gather(*(_stop_all(pool, name, spec) for name in states))
-        return None
-    record = next(state.launch for state in states.values() if state.launch is not None)
-    secret, why = _kept_secret(spec, record.launch_id)
-    if why:
+    secret = ""
+    if not why and record is not None:
+        secret, why = _kept_secret(spec, record.launch_id)
+    if why or record is None:
         log.warning("not adopting the running gang: %s; ending it and launching afresh", why)
         await asyncio.gather(*(_stop_all(pool, name, spec) for name in states))
         return None

@@ -293,7 +293,7 @@ class AgentHandle:
         return await self.request(Ping(), Pong, timeout)
 
     async def list_ranks(self, timeout: float = 10.0) -> list[RankInfo]:
-        return (await self.request(ListRanks(), RankList, timeout)).ranks
+        return (await self.launch_state(timeout)).ranks
 
     async def launch_state(self, timeout: float = 10.0) -> RankList:
         """The ranks, their launch record and since when no orchestrator had them."""
