@@ -14,7 +14,7 @@ from litestar.testing import AsyncTestClient
 
 from orchestrator.gateway import app as gateway_app
 from orchestrator.supervision.metrics import OrchestratorMetrics
-from tests.orchestrator.test_gateway_unit import KEY, FakeView, Handler, fake_rank0, sse, status
+from testkit.fake_rank0 import KEY, FakeView, Handler, fake_rank0, sse, status
 
 BODY = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
 

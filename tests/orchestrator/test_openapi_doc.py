@@ -9,7 +9,7 @@ from litestar.testing import AsyncTestClient
 
 from orchestrator.gateway import app as gateway_app
 from orchestrator.supervision.metrics import OrchestratorMetrics
-from tests.orchestrator.test_gateway_unit import FakeView, status
+from testkit.fake_rank0 import FakeView, status
 
 OPERATIONS = {
     ("/v1/chat/completions", "post"): ("ChatCompletionRequest", "ChatCompletion"),
