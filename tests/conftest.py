@@ -15,13 +15,13 @@ import psutil
 import pytest
 
 from serving.blas import load_openblas
-from testkit.netns import netns_hosts  # noqa: F401
-from testkit.sshd import sshd  # noqa: F401
-from tests.model_fixtures import (  # noqa: F401
+from testkit.model_fixtures import (  # noqa: F401
     bundled_model_dir,
     bundled_quantized_dir,
     tiny_model_dir,
 )
+from testkit.netns import netns_hosts  # noqa: F401
+from testkit.sshd import sshd  # noqa: F401
 
 E2E_PROGRAMS = {"sshd", "chromium", "chrome", "chrome_crashpad_handler", "prometheus", "ip"}
 WATCH_INTERVAL_S = 0.25  # e2e programs live for seconds; a poll costs ~5 ms

@@ -3,51 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
 import os
 import shutil
-import struct
 from pathlib import Path
 
 from node_agent.probes.gguf import read_gguf_header
 from node_agent.probes.model import inspect_gguf, inspect_model
 from testkit import require
+from testkit.model_dirs import CONFIG, make_model, write_safetensors
 from testkit.require import missing
-
-CONFIG = {
-    "model_type": "llama",
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "vocab_size": 100,
-    "max_position_embeddings": 2048,
-    "quantization": {"group_size": 64, "bits": 4},
-}
-
-
-def write_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
-    """A valid safetensors file of float32 zeros: header length, JSON header, data."""
-    header: dict[str, object] = {}
-    offset = 0
-    for name, shape in tensors.items():
-        size = 4 * math.prod(shape)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
-
-
-def make_model(root: Path, config: dict[str, object] = CONFIG) -> Path:
-    root.mkdir(parents=True)
-    (root / "config.json").write_text(json.dumps(config))
-    (root / "tokenizer.json").write_text('{"model": {"vocab": {}}}')
-    write_safetensors(root / "model-00001-of-00002.safetensors", {"a.weight": [4, 8]})
-    write_safetensors(
-        root / "model-00002-of-00002.safetensors", {"b.weight": [8, 8], "c.bias": [8]}
-    )
-    return root
 
 
 def test_model_dir_sizes_heads_and_digest(tmp_path: Path) -> None:

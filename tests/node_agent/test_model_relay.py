@@ -22,7 +22,7 @@ from contract.model_manifest import (
 )
 from node_agent import model_relay, model_store
 from node_agent.model_hashes import CACHE_ENV, build_manifest, sha256_file
-from tests.node_agent.test_model_store import big_model
+from testkit.model_dirs import big_model
 
 
 @pytest.fixture(autouse=True)

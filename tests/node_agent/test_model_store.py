@@ -20,18 +20,12 @@ from contract.model_manifest import (
 )
 from node_agent import model_store
 from node_agent.model_hashes import CACHE_ENV, HashCache, build_manifest, sha256_file
-from tests.node_agent.test_model_probe import make_model
+from testkit.model_dirs import big_model
 
 
 @pytest.fixture(autouse=True)
 def private_hash_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "hash-cache"))
-
-
-def big_model(root: Path) -> Path:
-    make_model(root)
-    (root / "pad.safetensors").write_bytes(bytes(range(256)) * 4096)  # 1 MiB
-    return root
 
 
 def test_a_second_manifest_reads_nothing(tmp_path: Path) -> None:

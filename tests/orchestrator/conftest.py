@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from testkit.hub_server import TEST_REPO, HubServer, ServedRepo, serve_dir
-from tests.orchestrator.supervisor_harness import harness  # noqa: F401
+from testkit.supervisor_harness import harness  # noqa: F401
 
 
 @pytest.fixture(scope="module")

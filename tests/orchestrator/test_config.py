@@ -6,7 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import msgspec
@@ -14,10 +13,11 @@ import pytest
 
 from contract.fingerprint import NodeFingerprint
 from node_agent.fingerprint import collect_fingerprint
-from orchestrator.config import ConfigErrors, ConfigIssue, check_cluster_file, load_cluster
+from orchestrator.config import ConfigErrors, check_cluster_file, load_cluster
 from orchestrator.config.links import hops
 from orchestrator.launch.plan import build_plan
 from orchestrator.transports import ErrorKind, SshTransport, TransportError
+from testkit.config_files import errors_of, write
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [ROOT / "cluster.toml.example", *sorted((ROOT / "docs" / "examples").glob("*.toml"))]
@@ -63,18 +63,6 @@ ssh = "me@b"
 ip = "10.0.0.2"
 rdma = ["rdma_en3", ""]
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "cluster.toml"
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def errors_of(tmp_path: Path, text: str) -> list[ConfigIssue]:
-    with pytest.raises(ConfigErrors) as caught:
-        check_cluster_file(write(tmp_path, text))
-    return caught.value.issues
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)

@@ -17,7 +17,7 @@ from orchestrator.supervision.rdma_holders import AgentHolders, split_ours
 from orchestrator.supervision.state import GangState
 from orchestrator.transports.pool import NodePool
 from serving.faults import EBUSY_LINE
-from tests.orchestrator.supervisor_harness import Harness
+from testkit.supervisor_harness import Harness
 
 EBUSY_EXIT = {"returncode": RankExit.DISTRIBUTED_INIT_FAILED, "stderr_tail": [EBUSY_LINE]}
 

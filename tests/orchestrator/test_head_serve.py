@@ -15,7 +15,7 @@ from node_agent.model_hashes import CACHE_ENV, build_manifest
 from node_agent.model_store import StoreError
 from orchestrator.config.load import check_cluster_data
 from orchestrator.provision.sync.head_serve import HeadServer, head_address
-from tests.node_agent.test_model_store import big_model
+from testkit.model_dirs import big_model
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from orchestrator.config import load_cluster
 from orchestrator.config.jaccl_devices import node_devices
 from orchestrator.config.links import cable_labels, hops
 from orchestrator.launch.plan import build_plan
-from tests.orchestrator.test_config import errors_of, write
+from testkit.config_files import errors_of, write
 
 # Four Mac Studios, each cabled to its two ring neighbours (4 cables, not a 6-cable mesh).
 # The LAN carries SSH and JACCL's TCP coordinator (rank 0's ip).

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,58 +22,26 @@ from orchestrator.config import ConfigErrors, check_cluster_file
 from orchestrator.provision.sync.transfer import RESUME_WINDOW
 from testkit.netns import HostsFactory, MultiHost, PrivateTmpfs
 from testkit.orchestrator_process import ROOT, run_cli, running, write_cluster
+from testkit.sync_runs import (
+    NO_STANDBY,
+    WIRE_FRAMING,
+    by_node,
+    flip_a_byte,
+    place_model,
+    same_files,
+    same_model,
+    sync,
+    wire_bytes,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
-NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
 WEIGHTS = "model.safetensors"
-# Wire bytes per file byte over SSH on TCP: headers, MACs and SFTP framing, under 8%.
-WIRE_FRAMING = 1.08
-
-
-def place_model(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
-    """(mount point, model dir): the source on this machine, under the hosts' mount point."""
-    mount = tmp_path / "models"
-    model = mount / "tiny"
-    shutil.copytree(tiny_model_dir, model)
-    return mount, model
 
 
 def config_for(tmp_path: Path, net: MultiHost, model: Path, **model_keys: Any) -> Path:
     nodes = [net.node(i) for i in range(len(net.hosts))]
     return write_cluster(tmp_path, str(model), nodes, model=model_keys, **NO_STANDBY)
-
-
-def sync(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    done = run_cli("sync", str(config), "--json", *args, timeout=240)
-    try:
-        return done.returncode, json.loads(done.stdout)
-    except ValueError:
-        raise AssertionError(f"exit {done.returncode}\n{done.stdout}\n{done.stderr}") from None
-
-
-def by_node(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {node["node"]: node for node in report["nodes"]}
-
-
-def same_model(net: MultiHost, i: int, model: Path, original: Path) -> bool:
-    """Host i's copy at `model` holds original's files, byte for byte (not judged by the
-    sync's manifest)."""
-    return same_files(net.hosts[i].path(model), original)
-
-
-def same_files(copy: Path, source: Path) -> bool:
-    def files(root: Path) -> list[Path]:
-        return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
-
-    # Read in full each time: filecmp caches by (size, mtime), which a flipped byte keeps.
-    return copy.is_dir() and files(copy) == files(source) and all(
-        (copy / name).read_bytes() == (source / name).read_bytes() for name in files(source)
-    )
-
-
-def wire_bytes(net: MultiHost) -> list[int]:
-    return [net.mgmt_bytes_in(i) for i in range(len(net.hosts))]
 
 
 def test_sync_settings_are_checked_with_the_config(tmp_path: Path) -> None:
@@ -162,18 +129,6 @@ def test_one_corrupted_byte_is_found_by_the_full_digest_and_repaired(
         assert nodes[name]["status"] == "synced" and nodes[name]["sent_bytes"] == st.st_size
     assert build_manifest(net.hosts[1].path(model))[0] == reference == build_manifest(model)[0]
     assert same_model(net, 1, model, tiny_model_dir) and same_files(model, tiny_model_dir)
-
-
-def flip_a_byte(path: Path) -> os.stat_result:
-    """One bit of the middle byte flipped in place; size and mtime kept (silent rot)."""
-    st = path.stat()
-    with path.open("r+b") as f:
-        f.seek(st.st_size // 2)
-        byte = f.read(1)
-        f.seek(st.st_size // 2)
-        f.write(bytes([byte[0] ^ 0x01]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    return st
 
 
 @pytest.mark.e2e

@@ -15,7 +15,7 @@ import tomli_w
 
 from testkit.netns import HostsFactory, MultiHost, PrivateTmpfs
 from testkit.orchestrator_process import write_cluster
-from tests.orchestrator.test_model_sync import (
+from testkit.sync_runs import (
     NO_STANDBY,
     WIRE_FRAMING,
     by_node,

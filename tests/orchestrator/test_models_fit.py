@@ -10,7 +10,7 @@ from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
 from orchestrator.models.catalog import ModelEntry, fits_cluster
 from orchestrator.models.fit import fit
-from tests.orchestrator.placement.test_decide import CONFIGS, SMOLLM2
+from testkit.model_configs import CONFIGS, SMOLLM2
 
 FOUR_BIT = {"quantization": {"bits": 4, "group_size": 64}}
 

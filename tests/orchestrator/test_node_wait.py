@@ -16,7 +16,7 @@ from orchestrator.supervision.state import GangState
 from orchestrator.transports import AgentExit, ErrorKind, TransportError
 from orchestrator.transports.pool import NodePool
 from testkit.ports import free_port
-from tests.orchestrator.supervisor_harness import Harness, sample, stop
+from testkit.supervisor_harness import Harness, sample, stop
 
 ASLEEP = "timeout: no answer from 10.0.0.3:22 in time"
 

@@ -6,7 +6,7 @@ from contract.exit_codes import RankExit
 from orchestrator.supervision.failures import Cause, RunResult
 from orchestrator.supervision.state import GangState
 from orchestrator.transports import AgentExit
-from tests.orchestrator.supervisor_harness import stop
+from testkit.supervisor_harness import stop
 
 
 async def test_a_crash_stops_the_gang_and_relaunches_after_a_doubling_backoff(harness) -> None:

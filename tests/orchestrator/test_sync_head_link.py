@@ -11,7 +11,7 @@ import pytest
 
 from testkit.netns import IP, HostsFactory, PrivateTmpfs, sh
 from testkit.orchestrator_process import write_cluster
-from tests.orchestrator.test_model_sync import by_node, place_model, same_model, sync
+from testkit.sync_runs import by_node, place_model, same_model, sync
 
 pytestmark = pytest.mark.timeout(300)
 

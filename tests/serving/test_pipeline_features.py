@@ -23,9 +23,9 @@ from contract.metric_names import REQUESTS_RUNNING
 from contract.rank_env import FAULT, FORCED_OUTPUT
 from testkit import mlx_lm_reference
 from testkit.rank_cluster import REPO, RankCluster, rank_cluster
+from testkit.serving_requests import LOGPROB_TOL, complete
 from testkit.tiny_model import write_tiny_model
 from testkit.waiting import metric_value, wait_until
-from tests.serving.test_tensor_parallel import LOGPROB_TOL, complete
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ import pytest
 
 from serving.model.bundled import default_cache_dir
 from testkit.rank_cluster import rank_cluster
+from testkit.serving_requests import PROCESSED  # every logits processor at once
 from testkit.tiny_model import write_tiny_model
 from testkit.waiting import metric_value
-from tests.serving.test_tensor_parallel import PROCESSED  # every logits processor at once
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,8 @@ import pytest
 from contract.exit_codes import RankExit
 from testkit import mlx_lm_reference
 from testkit.rank_cluster import rank_cluster
+from testkit.serving_requests import chat_body, summary
 from testkit.waiting import metric_value, wait_until
-from tests.serving.test_tensor_parallel import chat_body, summary
 
 pytestmark = pytest.mark.e2e
 

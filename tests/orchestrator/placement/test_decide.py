@@ -12,14 +12,9 @@ from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
 from orchestrator.placement.decide import Refusal, place
+from testkit.model_configs import CONFIGS, SMOLLM2
 
 GIB = 1024**3
-SMOLLM2 = {  # the bundled model's numbers
-    "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
-    "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
-    "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192,
-}
-CONFIGS = Path(__file__).parents[2] / "fixtures" / "model_configs"
 
 
 def spec(nodes: int, memory_gb: list[float] | None = None, **cluster: str) -> ClusterSpec:
