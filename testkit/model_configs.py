@@ -3,7 +3,7 @@ real models' configs kept in tests/fixtures/model_configs."""
 
 from __future__ import annotations
 
-from testkit.orchestrator_process import ROOT
+from testkit.paths import FIXTURES
 
 SMOLLM2 = {  # the bundled model's numbers
     "model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
@@ -12,4 +12,4 @@ SMOLLM2 = {  # the bundled model's numbers
 }
 
 
-CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
+CONFIGS = FIXTURES / "model_configs"

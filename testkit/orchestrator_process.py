@@ -17,9 +17,8 @@ import httpx
 import psutil
 import tomli_w
 
+from testkit.paths import ROOT
 from testkit.ports import free_port, free_port_block
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_cluster(

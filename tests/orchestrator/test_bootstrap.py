@@ -36,10 +36,10 @@ from orchestrator.provision.bootstrap.platforms import NodePlatform, local_platf
 from orchestrator.provision.bootstrap.requirements import Found, Pin, rank_roots, resolve
 from orchestrator.provision.bootstrap.wheels import WheelCache, WheelError
 from orchestrator.transports.remote_command import command_line
-from testkit import require
+from testkit import paths, require
 from testkit.require import missing
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
 MINOR = f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -17,9 +17,10 @@ from orchestrator.config import ConfigErrors, check_cluster_file, load_cluster
 from orchestrator.config.links import hops
 from orchestrator.launch.plan import build_plan
 from orchestrator.transports import ErrorKind, SshTransport, TransportError
+from testkit import paths
 from testkit.config_files import errors_of, write
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 EXAMPLES = [ROOT / "cluster.toml.example", *sorted((ROOT / "docs" / "examples").glob("*.toml"))]
 
 LOCAL_NODE = '[[nodes]]\nname = "a"\n'

@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testkit import require
+from testkit import paths, require
 from testkit.orchestrator_process import gateway_status, running, write_cluster
 from testkit.ports import free_port
 from testkit.require import missing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = paths.ROOT / "docs"
 # Grafana fills these in; the test stands in with what they would be at a 1 s scrape.
 VARIABLES = {"$__rate_interval": "1m", "$__interval": "5s", "${datasource}": ""}
 THRESHOLD = re.compile(r"\s*(<|>|<=|>=|==|!=)\s*[\d.]+\s*$")  # an alert's comparison

@@ -18,8 +18,9 @@ from node_agent.probes import rdma
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
 from orchestrator.launch.preflight import run_preflight
+from testkit import paths
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "node_tools"
+FIXTURES = paths.FIXTURES / "node_tools"
 
 
 def ring_of_three() -> ClusterSpec:

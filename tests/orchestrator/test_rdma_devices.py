@@ -13,8 +13,9 @@ from orchestrator.config.load import check_cluster_data
 from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.rdma_devices import rdma_device_problems
 from orchestrator.transports.pool import NodePool
+from testkit import paths
 
-TOOLS = Path(__file__).parents[1] / "fixtures" / "node_tools"
+TOOLS = paths.FIXTURES / "node_tools"
 
 
 def jaccl_pool(

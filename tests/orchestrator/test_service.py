@@ -18,10 +18,11 @@ from orchestrator.service import launchd, systemd
 from orchestrator.service.command import install, resolve, status, uninstall
 from orchestrator.service.platforms import Launchd, Systemd
 from orchestrator.service.spec import ServiceError, ServiceSpec
+from testkit import paths
 from testkit.orchestrator_process import ROOT, write_cluster
 from testkit.require import SYSTEMD, missing
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "service"
+FIXTURES = paths.FIXTURES / "service"
 KEY = 'k-1"$`\\%'  # every character the env file and the unit must escape
 HOME = Path("/Users/ada")
 CONFIGS = HOME / "Cluster Configs"

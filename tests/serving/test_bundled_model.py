@@ -21,8 +21,9 @@ from serving.model.bundled import (
     prepare_bundled_model,
     resolve_model,
 )
+from testkit import paths
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.ROOT
 NAME = "smollm2-135m-instruct"
 
 # One resolver process of the concurrency test: logs to stderr, prints its result.

@@ -7,9 +7,10 @@ import signal
 import sys
 from pathlib import Path
 
+from testkit import paths
 from testkit.agent_events import kill_if_alive, wait_gone
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 
 # The "agent": starts a rank in its own session, reports its pid, waits.
 AGENT = (

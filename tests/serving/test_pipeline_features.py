@@ -21,7 +21,7 @@ import pytest
 from contract.exit_codes import RankExit
 from contract.metric_names import REQUESTS_RUNNING
 from contract.rank_env import FAULT, FORCED_OUTPUT
-from testkit import mlx_lm_reference
+from testkit import mlx_lm_reference, paths
 from testkit.rank_cluster import REPO, RankCluster, rank_cluster
 from testkit.serving_requests import LOGPROB_TOL, complete
 from testkit.tiny_model import write_tiny_model
@@ -41,7 +41,7 @@ TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
-TOOL_TEMPLATE = Path(__file__).parents[1] / "fixtures" / "tool_calls" / "qwen_tools_template.jinja"
+TOOL_TEMPLATE = paths.FIXTURES / "tool_calls" / "qwen_tools_template.jinja"
 DESYNC_STEP = 60  # after the tool call's steps (about 30), so that test runs first
 
 

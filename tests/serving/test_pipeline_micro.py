@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from serving.model.pipeline_micro import halves
+from testkit import paths
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.ROOT
 
 
 def test_halves_cover_the_batch_in_order() -> None:

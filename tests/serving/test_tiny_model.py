@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from serving.model.bundled import default_cache_dir
+from testkit import paths
 from testkit.ports import free_ports
 from testkit.tiny_model import write_tiny_model
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.ROOT
 PROMPT = "Tell me a story about a robot."
 MAX_TOKENS = 12
 

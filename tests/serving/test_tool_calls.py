@@ -23,10 +23,11 @@ from contract.openai_errors import ApiError
 from contract.openai_schemas import ChatCompletionRequest
 from contract.rank_env import FORCED_OUTPUT
 from serving.api.tool_calls import ToolCallStream, ToolPlan, plan_tools
+from testkit import paths
 from testkit.orchestrator_process import running, write_cluster
 from testkit.tiny_model import write_tiny_model
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tool_calls"
+FIXTURES = paths.FIXTURES / "tool_calls"
 OUTPUTS: dict[str, str] = json.loads((FIXTURES / "outputs.json").read_text(encoding="utf-8"))
 WEATHER = {
     "type": "function",
