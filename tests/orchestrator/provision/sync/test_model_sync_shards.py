@@ -21,7 +21,7 @@ from testkit.tiny_model import write_tiny_model
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 LAYERS, PER_SHARD = 6, 2
-WIRE_FRAMING = 1.08  # SSH + SFTP bytes per file byte (tests/orchestrator/test_model_sync.py)
+WIRE_FRAMING = 1.08  # SSH + SFTP bytes per file byte (tests/orchestrator/provision/sync/test_model_sync.py)
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
 
 
