@@ -11,12 +11,17 @@
 - one error table: the OpenAI and Anthropic error types are named in
   contract/openai_errors.py only (both servers map statuses through it);
 - every pytest marker the tests use is registered in pyproject.toml (and --strict-markers
-  is on), so `-m "not e2e"` cannot miss a misspelt mark.
+  is on), so `-m "not e2e"` cannot miss a misspelt mark;
+- docs/architecture.md names every shipped module by its path (`orchestrator/up.py`), and
+  every module path it names exists;
+- tests/ has the packages' floor plan: each test module sits in the folder of the package
+  it tests (tests/serving/api/ for serving/api/), and no test module imports another.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -44,6 +49,9 @@ MAX_FUNCTION_LINES = 60
 # Markers pytest and our plugins (pytest-asyncio, pytest-timeout) register themselves.
 PLUGIN_MARKERS = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
 PLUGIN_MARKERS |= {"asyncio", "timeout"}
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# A module path as the docs write it: `serving/engine/engine.py`.
+MODULE_PATH = re.compile(r"`((?:%s)/[\w/]*?\w+\.py)`" % "|".join(SHIPPED))
 
 
 def modules() -> dict[str, Path]:
@@ -177,6 +185,36 @@ def marker_problems() -> Iterator[str]:
                 )
 
 
+def architecture_problems() -> Iterator[str]:
+    """Every shipped module is named in docs/architecture.md, and every name is a module."""
+    named = set(MODULE_PATH.findall(ARCHITECTURE.read_text()))
+    shipped = {
+        str(path.relative_to(ROOT))
+        for package in SHIPPED
+        for path in (ROOT / package).rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    doc = ARCHITECTURE.relative_to(ROOT)
+    for path in sorted(shipped - named):
+        yield f"{doc} does not name {path}: add it (its path in backticks, what it is for)"
+    for path in sorted(named - shipped):
+        yield f"{doc} names `{path}`, which does not exist: rename or remove it"
+
+
+def test_floor_plan_problems() -> Iterator[str]:
+    """tests/a/b/test_x.py tests a/b/; a test module imports no other test module."""
+    tests = ROOT / "tests"
+    for path in sorted(tests.rglob("*.py")):
+        where = path.relative_to(ROOT)
+        folder = path.parent.relative_to(tests)
+        if path.name.startswith("test_") and folder.parts and not (ROOT / folder).is_dir():
+            yield f"{where}: tests/{folder}/ mirrors no package folder {folder}/: move it"
+        for target in imports("tests", path, ast.parse(path.read_text(), str(path))):
+            if target == "tests" or target.startswith("tests."):
+                yield f"{where} imports {target}: shared test helpers belong in testkit/"
+                break
+
+
 def main() -> int:
     known = modules()
     graph: dict[str, set[str]] = {}
@@ -190,6 +228,8 @@ def main() -> int:
         problems += error_table_problems(name, tree)
     problems += [f"import cycle: {' <-> '.join(c)}" for c in cycles(graph)]
     problems += marker_problems()
+    problems += architecture_problems()
+    problems += test_floor_plan_problems()
     for problem in problems:
         print(problem)
     print(f"{len(known)} modules, {len(problems)} layout problems")
