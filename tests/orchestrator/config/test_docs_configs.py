@@ -1,0 +1,45 @@
+"""Every cluster.toml the README and docs show (a ```toml block with [[nodes]]) validates:
+a reader who copies one gets a file `orchestrator validate` accepts."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ConfigErrors
+from orchestrator.config.load import check_cluster_data
+from testkit.paths import ROOT
+
+TOML_BLOCK = re.compile(r"```toml\n(.*?)```", re.S)
+
+
+def cluster_blocks() -> list[tuple[str, str]]:
+    """(file:line, text) of each ```toml block holding [[nodes]] in README.md and docs/."""
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = doc.read_text()
+        for block in TOML_BLOCK.finditer(text):
+            if "[[nodes]]" in block.group(1):
+                line = text.count("\n", 0, block.start()) + 1
+                found.append((f"{doc.relative_to(ROOT)}:{line}", block.group(1)))
+    return found
+
+
+BLOCKS = cluster_blocks()
+
+
+def test_the_docs_show_complete_cluster_files() -> None:
+    """The search finds the docs' full examples (an empty list would pass the test below)."""
+    assert any(where.startswith("docs/placement.md") for where, _ in BLOCKS), BLOCKS
+
+
+@pytest.mark.parametrize(("where", "text"), BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_a_cluster_file_in_the_docs_validates(where: str, text: str) -> None:
+    """The block parses as TOML and passes validation with no error."""
+    try:
+        check_cluster_data(tomllib.loads(text), Path(where))
+    except ConfigErrors as errors:
+        pytest.fail(f"{where}: " + "; ".join(f"{i.path}: {i.message}" for i in errors.issues))
