@@ -51,7 +51,7 @@ PLUGIN_MARKERS = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filt
 PLUGIN_MARKERS |= {"asyncio", "timeout"}
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # A module path as the docs write it: `serving/engine/engine.py`.
-MODULE_PATH = re.compile(r"`((?:%s)/[\w/]*?\w+\.py)`" % "|".join(SHIPPED))
+MODULE_PATH = re.compile(r"`((?:" + "|".join(SHIPPED) + r")/[\w/]*?\w+\.py)`")
 
 
 def modules() -> dict[str, Path]:

@@ -33,12 +33,14 @@ def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def resolve(
-    config: Path, name: PlatformName, environ: Mapping[str, str], home: Path
+    config: Path, name: PlatformName, environ: Mapping[str, str], home: Path,
+    installing: bool = True,
 ) -> tuple[Platform, ServiceSpec]:
     """The platform and the service for this cluster.toml; ConfigErrors if it is invalid,
-    or `up` would refuse to start from the environment the service gets."""
+    or, when installing, if `up` would refuse to start from the environment the service
+    gets (status and uninstall need no key: the installed service holds it)."""
     spec, _warnings = check_cluster_file(config)
-    if (refusal := unset_key_issue(spec, environ)) is not None:
+    if installing and (refusal := unset_key_issue(spec, environ)) is not None:
         raise ConfigErrors(config, [refusal])
     platform = platform_for(name, home, spec.state_dir)
     log_file = platform.log_file(spec.cluster.name)
@@ -162,7 +164,8 @@ def service_main(args: argparse.Namespace, runner: Runner = run_command) -> int:
         print(f"no service manager for {sys.platform}: give --platform", file=sys.stderr)
         return EXIT_FAILED
     try:
-        platform, service = resolve(args.config, name, os.environ, Path.home())
+        installing = args.service_action == "install"
+        platform, service = resolve(args.config, name, os.environ, Path.home(), installing)
         if args.service_action == "install":
             return install(platform, service, args.dry_run, runner)
         if args.service_action == "status":

@@ -21,7 +21,8 @@ from packaging.version import Version
 
 from contract.bundled_models import BUNDLED_MODELS, BUNDLED_PREFIX
 
-# What a rank imports (tests/orchestrator/provision/bootstrap/test_bootstrap.py checks this against the code).
+# What a rank imports (tests/orchestrator/provision/bootstrap/test_bootstrap.py checks
+# this against the code).
 # mlx-lm asks for mlx on macOS only; on Linux mlx comes with its CPU backend (mlx[cpu]).
 RANK_ROOTS = (
     "mlx[cpu]; sys_platform == 'linux'",

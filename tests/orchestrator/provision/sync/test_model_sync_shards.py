@@ -16,13 +16,12 @@ from testkit.netns import HostsFactory, PrivateTmpfs
 from testkit.orchestrator_process import run_cli, running, write_cluster
 from testkit.rank_cluster import rank_cluster
 from testkit.sharded_model import write_sharded_copy
+from testkit.sync_runs import NO_STANDBY, WIRE_FRAMING
 from testkit.tiny_model import write_tiny_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 LAYERS, PER_SHARD = 6, 2
-WIRE_FRAMING = 1.08  # SSH + SFTP bytes per file byte (tests/orchestrator/provision/sync/test_model_sync.py)
-NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
 
 
 def complete(base_url: str, model: str) -> str:
