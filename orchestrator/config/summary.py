@@ -25,7 +25,7 @@ def summarize(
     lines = [
         f"{source}: valid",
         f"  cluster   {spec.cluster.name}: {spec.cluster.backend} backend, "
-        f"{spec.world_size} rank{'s' if spec.world_size != 1 else ''} (tensor parallel)",
+        f"{spec.world_size} rank{'s' if spec.world_size != 1 else ''} ({_mode(spec)})",
         f"  model     {spec.model.path} (served as {spec.model.served_id!r})",
         f"  api       http://{spec.api.host}:{spec.api.port}/v1 ({api_auth})",
         "",
@@ -43,3 +43,13 @@ def summarize(
         lines += ["", "warnings:"]
         lines += ["  " + warning.render(source) for warning in warnings]
     return "\n".join(lines)
+
+
+def _mode(spec: ClusterSpec) -> str:
+    """The parallelism as far as the file decides it; `auto` is decided by `plan` and `up`
+    from the model's heads and the nodes' memory, which validate does not read."""
+    if spec.world_size == 1:
+        return "one rank, the whole model"
+    if spec.cluster.parallel == "auto":
+        return "tensor or pipeline parallel: `orchestrator plan` decides from the model"
+    return f"{spec.cluster.parallel} parallel"

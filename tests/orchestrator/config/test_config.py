@@ -73,12 +73,16 @@ def test_examples_validate(example: Path) -> None:
     assert spec.world_size >= 1
 
 
-def test_example_is_three_local_ring_ranks() -> None:
-    """cluster.toml.example runs as-is on one machine: 3 local ranks, ring, bundled model."""
+def test_example_is_two_local_pipeline_ranks() -> None:
+    """cluster.toml.example runs as-is on one machine: 2 local pipeline ranks over ring,
+    the bundled model (the demo that answers at once, bench/demo.py); the 3-rank tensor
+    demo is docs/examples/local-3-tensor.toml."""
     spec = load_cluster(ROOT / "cluster.toml.example")
-    assert spec.cluster.backend == "ring"
-    assert [node.transport for node in spec.nodes] == ["local"] * 3
+    assert (spec.cluster.backend, spec.cluster.parallel) == ("ring", "pipeline")
+    assert [node.transport for node in spec.nodes] == ["local"] * 2
     assert spec.model.path == "bundled:smollm2-135m-instruct"
+    tensor = load_cluster(ROOT / "docs" / "examples" / "local-3-tensor.toml")
+    assert (tensor.cluster.parallel, tensor.world_size) == ("tensor", 3)
 
 
 def test_only_nodes_are_required(tmp_path: Path) -> None:
@@ -368,9 +372,24 @@ def test_cli_validate_summarises_valid_file() -> None:
     """`orchestrator validate` exits 0 with nodes, backend, ranks and model."""
     result = run_cli("validate", str(ROOT / "cluster.toml.example"))
     assert result.returncode == 0, result.stderr
-    assert "ring backend, 3 ranks" in result.stdout
+    assert "ring backend, 2 ranks (pipeline parallel)" in result.stdout
     assert "bundled:smollm2-135m-instruct" in result.stdout
-    assert "127.0.0.1:52102" in result.stdout
+    assert "127.0.0.1:52101" in result.stdout
+
+
+@pytest.mark.parametrize(("nodes", "parallel", "said"), [
+    (1, "auto", "1 rank (one rank, the whole model)"),
+    (2, "auto", "2 ranks (tensor or pipeline parallel: `orchestrator plan` decides"),
+    (3, "tensor", "3 ranks (tensor parallel)"),
+])
+def test_cli_validate_says_the_mode_the_file_decides(
+    tmp_path: Path, nodes: int, parallel: str, said: str
+) -> None:
+    """validate names the parallelism the file fixes, or says that plan decides it."""
+    text = f'[cluster]\nparallel = "{parallel}"\n'
+    text += "".join(f'[[nodes]]\nname = "n{i}"\nip = "127.0.0.1"\n' for i in range(nodes))
+    result = run_cli("validate", str(write(tmp_path, text)))
+    assert said in result.stdout, result.stdout + result.stderr
 
 
 def test_cli_validate_lists_errors_with_exit_2(tmp_path: Path) -> None:
