@@ -4,11 +4,13 @@ answering for its own cluster only."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from types import SimpleNamespace
 
 from orchestrator.supervision.cluster_view import SupervisorView
 from orchestrator.supervision.state import GangState, StateMachine
 from testkit.fake_clock import FakeClock
+from tests.orchestrator.supervisor_harness import stop
 
 
 def view(name: str) -> SupervisorView:
@@ -41,3 +43,20 @@ async def test_two_views_each_hand_out_only_their_own_ready_rank_0() -> None:
     second.begin_drain()  # its shutdown ends its own waiters only
     assert await asyncio.wait_for(waiting[1], 1.0) is None
     assert not first.draining
+
+
+async def test_two_supervisors_in_one_process_fail_and_restart_apart(harness) -> None:
+    """Two supervision loops side by side (one per model instance): a crash in one
+    restarts that one only; the other's gang, view and counts are untouched."""
+    crashing, steady = harness(), harness()
+    await crashing.ready_gang(1)
+    kept = await steady.ready_gang(1)
+    crashing.crash(1, returncode=1)
+    await crashing.ready_gang(2)
+    assert crashing.supervisor.view.restarts == 1
+    assert steady.supervisor.view.restarts == 0 and steady.supervisor.view.history == deque()
+    assert steady.supervisor.view.gang is kept and all(r.running for r in kept.ranks.values())
+    assert steady.supervisor.view.state == GangState.READY
+    await stop(crashing)
+    assert steady.supervisor.view.state == GangState.READY
+    await stop(steady)
