@@ -162,13 +162,13 @@ class LinkTarget(Struct, frozen=True, kw_only=True):
 class WatchLinks(Message, tag="watch_links", kw_only=True):
     """Probe each target every interval_s while the gang runs (a TCP connect: an accept or
     a refusal both prove the link carries packets); push LinkState when one changes. A
-    target is down after down_after probes in a row got no answer within timeout_s. Replaces
-    the previous watch; an empty list stops watching."""
+    target is down after down_after probes in a row got no answer within timeout_s (they
+    overlap; past the SYN's retransmission at 1 s). Replaces the previous watch; [] stops."""
 
     id: int = 0
     targets: list[LinkTarget] = msgspec.field(default_factory=list)
     interval_s: float = 1.0
-    timeout_s: float = 1.0
+    timeout_s: float = 1.5
     down_after: int = 2
 
 

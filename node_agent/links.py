@@ -6,6 +6,14 @@ named in seconds instead of surfacing as an init timeout. While a gang runs, `wa
 probes each link the node's rank connects over once a second. A probe is a TCP connect
 to the peer rank's port: an accept or a refusal (the rank closed its listener once the
 ring formed) both prove packets flow; silence past the timeout does not.
+
+A probe's answer window (WatchLinks.timeout_s, 1.5 s) outlasts TCP's first SYN
+retransmission (1 s on Linux and macOS), so one lost packet costs no probe; the probes
+overlap (one starts each second, whatever the last one's fate) so that the wider window
+does not slow the probing. A link is down after `down_after` probes in a row missed (two:
+a loss shorter than 2 s is ridden out; a dead link is noticed within 1 + 1 + 1.5 s). With a
+1 s window and one probe after the other, a loss just over 1 s (a SYN dropped by a full
+queue, then its retransmission's slot) could already take the link down.
 """
 
 from __future__ import annotations
@@ -21,6 +29,36 @@ from contract.agent_protocol import LinkState, LinkTarget, Message, Reachable
 log = logging.getLogger("node_agent.links")
 
 Emit = Callable[[Message], Awaitable[None]]
+
+
+class LinkHealth:
+    """The down / up rule of one link, from its probes' verdicts as they come (an older
+    probe's miss can come after a newer one's answer: it no longer counts)."""
+
+    def __init__(self, down_after: int) -> None:
+        self.down_after = down_after
+        self.up = True
+        self._started = 0  # probes started, numbered from 1
+        self._answered = 0  # the newest probe answered
+
+    def start(self) -> int:
+        """A probe starts: its number."""
+        self._started += 1
+        return self._started
+
+    def answered(self, number: int) -> bool:
+        """Probe `number` was answered; True when the link just came back up."""
+        self._answered = max(self._answered, number)
+        came_back, self.up = not self.up, True
+        return came_back
+
+    def missed(self, number: int) -> bool:
+        """Probe `number` got no answer in its window; True when the link just went down.
+        Every probe started between the newest answered one and this one missed too: their
+        windows, as long and opened earlier, closed first."""
+        went_down = self.up and number - self._answered >= self.down_after
+        self.up = self.up and not went_down
+        return went_down
 
 
 class LinkProbes:
@@ -79,20 +117,30 @@ class LinkProbes:
     async def _watch_one(
         self, target: LinkTarget, interval_s: float, timeout_s: float, down_after: int
     ) -> None:
-        misses, up, generation = 0, True, self._generation
-        while generation == self._generation:
-            started = time.monotonic()
-            error = await probe(target.host, target.port, timeout_s)
-            misses = misses + 1 if error else 0
-            went_down = up and misses >= down_after
-            came_back = not up and error is None
-            if went_down or came_back:
-                up = came_back
-                log.warning("link to %s:%d %s", target.host, target.port,
-                            "up" if up else f"down: {error}")
-                await self._emit(LinkState(host=target.host, port=target.port, up=up,
-                                           error=error or ""))
-            await asyncio.sleep(max(interval_s - (time.monotonic() - started), 0.0))
+        """A probe every interval_s, each with its own timeout_s window (they overlap); the
+        probes in flight end with the watch."""
+        health, generation, emitting = LinkHealth(down_after), self._generation, asyncio.Lock()
+        async with asyncio.TaskGroup() as probes:
+            while generation == self._generation:
+                number = health.start()
+                probes.create_task(
+                    self._probe_once(target, timeout_s, health, number, generation, emitting)
+                )
+                await asyncio.sleep(interval_s)
+
+    async def _probe_once(
+        self, target: LinkTarget, timeout_s: float, health: LinkHealth, number: int,
+        generation: int, emitting: asyncio.Lock,
+    ) -> None:
+        error = await probe(target.host, target.port, timeout_s)
+        changed = health.missed(number) if error else health.answered(number)
+        if not changed or generation != self._generation:
+            return
+        log.warning("link to %s:%d %s", target.host, target.port,
+                    f"down: {error}" if error else "up")
+        async with emitting:  # a lock is FIFO: the changes are sent in the order they came
+            await self._emit(LinkState(host=target.host, port=target.port, up=error is None,
+                                       error=error or ""))
 
 
 async def probe(host: str, port: int, timeout_s: float) -> str | None:

@@ -189,16 +189,14 @@ class Service:
 
     async def _serve(self, pool: NodePool) -> None:
         api_key = os.environ.get(self.spec.api.api_key_env) if self.spec.api.api_key_env else None
-        supervisor = self.supervisor
+        supervisor, view = self.supervisor, self.supervisor.view
         app = create_app(
-            supervisor,
-            lambda: build_status(
-                self.spec, pool.nodes.values(), supervisor.snapshot(), self.placement
-            ),
+            view,
+            lambda: build_status(self.spec, pool.nodes.values(), view.snapshot(), self.placement),
             self.metrics,
             api_key=api_key or None,
             request_timeout_s=self.spec.serving.request_timeout_s,
-            serving=lambda: supervisor.snapshot().serving,
+            serving=lambda: view.snapshot().serving,
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -233,7 +231,7 @@ class Service:
         grace = self.spec.supervisor.stop_grace_s
         log.info("stopping: no new requests; in-flight ones get up to %g s", grace)
         server.should_exit = True
-        self.supervisor.begin_drain()
+        self.supervisor.view.begin_drain()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._drained(gateway)), grace + 1)
         server.force_exit = True

@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from contract.agent_protocol import Exited
 from contract.exit_codes import RankExit, describe_exit
+from orchestrator.launch.gang import SpawnFailure
 
 
 class Cause(StrEnum):
@@ -51,6 +52,13 @@ class RankFailure:
     def summary(self) -> str:
         where = f"rank {self.rank} on {self.node}" if self.rank is not None else self.node
         return f"{self.cause}: {where}: {self.detail}"
+
+
+def classify_spawn(failure: SpawnFailure, at: float) -> RankFailure:
+    """A rank that could not start: permanent (the node refused it) or the node unreachable."""
+    cause = Cause.SPAWN_FAILED if failure.permanent else Cause.AGENT_LOST
+    return RankFailure(cause, failure.node, failure.rank,
+                       f"cannot start the rank: {failure.message}", at)
 
 
 def classify_exit(

@@ -32,15 +32,24 @@ class RestartPolicy:
         self._forget_old()
         return len(self._restarts) >= self.settings.max_restarts
 
-    def next_delay(self, cause: Cause) -> float:
-        """Record a restart and return how long to wait before relaunching."""
+    def upcoming_delay(self, cause: Cause) -> float:
+        """How long the next restart would wait before relaunching (nothing recorded)."""
+        s = self.settings
+        backoff = min(s.backoff_initial_s * 2**self._consecutive, s.backoff_max_s)
+        cooldown = s.ebusy_cooldown_s if cause == Cause.EBUSY else 0.0
+        return backoff + cooldown
+
+    def record(self) -> None:
+        """A restart is spent now: it counts toward the budget and doubles the backoff."""
         self._forget_old()
         self._restarts.append(self._clock())
         self._consecutive += 1
-        s = self.settings
-        backoff = min(s.backoff_initial_s * 2 ** (self._consecutive - 1), s.backoff_max_s)
-        cooldown = s.ebusy_cooldown_s if cause == Cause.EBUSY else 0.0
-        return backoff + cooldown
+
+    def next_delay(self, cause: Cause) -> float:
+        """Record a restart and return how long to wait before relaunching."""
+        delay = self.upcoming_delay(cause)
+        self.record()
+        return delay
 
     def reset(self) -> None:
         """`orchestrator restart`: the operator asks for a fresh budget."""

@@ -10,35 +10,45 @@
 
 As in torch.distributed.elastic's agent, each gang's end comes back as a value (a
 `GangResult`: every rank failure and the root cause), and `run()` returns a `RunResult`.
-A failed cluster keeps the orchestrator (and its 503s) up until `orchestrator restart`
-(SIGHUP) resets the budget, or a stop request ends it. Readers outside the loop (the
-gateway, `/status`) see a `SupervisorSnapshot`, never the live objects.
+What follows a failure is decided in recovery.py; which gang launches next in
+next_gang.py. A failed cluster keeps the orchestrator (and its 503s) up until
+`orchestrator restart` (SIGHUP) resets the budget, or a stop request ends it. Readers
+outside the loop (the gateway, `/status`) read `view` (cluster_view.py), never the live
+objects. Nothing is shared between supervisors: one per model instance can run side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.stale_ranks import end_stale_ranks
-from orchestrator.supervision.failures import Cause, GangResult, RankFailure, RunResult
+from orchestrator.supervision import recovery
+from orchestrator.supervision.cluster_view import SupervisorView
+from orchestrator.supervision.failures import (
+    Cause,
+    GangResult,
+    RankFailure,
+    RunResult,
+    classify_spawn,
+)
 from orchestrator.supervision.gang_stop import STOP_ANSWER_S, stop_gang
 from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
+from orchestrator.supervision.next_gang import NextGang
 from orchestrator.supervision.node_wait import NodeAnswers
-from orchestrator.supervision.progress import ProgressWatch, ServingSample
+from orchestrator.supervision.progress import ProgressWatch
+from orchestrator.supervision.races import first_done
 from orchestrator.supervision.rdma_devices import rdma_device_problems
 from orchestrator.supervision.rdma_holders import AgentHolders, end_our_holders, failed_reason
 from orchestrator.supervision.restart_policy import RestartPolicy
-from orchestrator.supervision.snapshot import SupervisorSnapshot, Upstream
+from orchestrator.supervision.snapshot import SupervisorSnapshot
 from orchestrator.supervision.state import GangState, StateMachine
 from orchestrator.supervision.waits import Waits
 from orchestrator.transports.pool import NodePool
@@ -47,13 +57,6 @@ log = logging.getLogger(__name__)
 
 FAILED_GANG_GRACE_S = 1.0  # SIGTERM to SIGKILL for the ranks of a gang that already failed
 WATCH_S = 1.0
-HISTORY = 20  # gang failures kept for status
-# Standby ranks start once the gang has been ready this long and rank 0 has no request,
-# so their start-up (seconds of CPU per node) does not slow the first requests; under
-# constant load they start anyway after STANDBY_BUSY_AFTER_S.
-STANDBY_AFTER_S = 3.0
-STANDBY_BUSY_AFTER_S = 60.0
-WAKE_EVERY_S = 0.1  # the most often the gateway's requests wake the workers
 
 
 class Supervisor:
@@ -75,32 +78,22 @@ class Supervisor:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.spec, self.pool, self.metrics, self.machine = spec, pool, metrics, machine
-        self.monitor, self.probe, self._new_gang = monitor, probe, new_gang
-        self.links = links
+        self.monitor, self.probe, self.links = monitor, probe, links
         self.answers, self.holders = answers or NodeAnswers(pool), holders or AgentHolders(pool)
         self.waits = Waits(spec.supervisor.node_wait_s, machine, metrics, links, self.answers,
                            clock, lambda seconds: self._stop_within(self._sleep(seconds)))
-        self._launch_ids: set[str] = set()  # every launch of this run: its ranks are ours
+        self.view = SupervisorView(machine, clock)  # what the gateway and status read
+        self.next = NextGang(new_gang, spec.supervisor.standby_ranks)
         self._ebusy_retried = False  # the one retry after EBUSY, until a gang is ready
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
         self.policy = RestartPolicy(spec.supervisor, clock)
-        self.gang: Gang | None = None
-        self._next_gang: Gang | None = None  # the next launch, its ranks started as standbys
-        self._adopted: Gang | None = None  # a previous run's gang, to serve on first
-        self.restarts = 0
-        self.history: deque[GangResult] = deque(maxlen=HISTORY)
-        self.progress: ProgressWatch | None = None
         self._stop = asyncio.Event()
         self._restart = asyncio.Event()
-        self._changed = asyncio.Event()
         self._ready_since = 0.0
         self._force = self._keep_ranks = False
-        self._woken_at = float("-inf")
-        self._wakes: set[asyncio.Task[None]] = set()
-        self.draining = False
-        machine.on_change(self._state_changed)
+        machine.on_change(lambda old, new, reason: metrics.state.state(new.value))
 
-    # ── what the gateway and status read ──
+    # ── read through the view (the service and tests) ──
 
     @property
     def state(self) -> GangState:
@@ -110,55 +103,14 @@ class Supervisor:
     def reason(self) -> str:
         return self.machine.reason
 
+    @property
+    def restarts(self) -> int:
+        return self.view.restarts
+
     def snapshot(self) -> SupervisorSnapshot:
-        gang, progress = self.gang, self.progress
-        return SupervisorSnapshot(
-            state=self.state,
-            reason=self.reason,
-            launch_id=gang.launch_id if gang else "",
-            ranks=tuple(dataclasses.replace(r) for r in gang.ranks.values()) if gang else (),
-            restarts=self.restarts,
-            last_failure=self.history[-1].root if self.history else None,
-            history=tuple(self.history),
-            serving=dataclasses.replace(progress.latest) if progress and progress.latest else None,
-            tokens_per_second=progress.tokens_per_second if progress else 0.0,
-        )
-
-    async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
-        """Rank 0 of a ready gang (other than `not_launch`), or None if none within the timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            gang = self.gang
-            if self.state == GangState.READY and gang and gang.launch_id != not_launch:
-                return Upstream(gang.rank0_url, gang.launch_id, gang.plan.secret)
-            remaining = deadline - time.monotonic()
-            ended = self.state in (GangState.FAILED, GangState.STOPPED) or self.draining
-            if ended or remaining <= 0:
-                return None
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                return None
-
-    def wake_workers(self) -> None:
-        """A request is on its way to rank 0: end the workers' idle sleep now, so it does
-        not wait up to 90% of keepalive_s for their next receive. Best effort, at most
-        every WAKE_EVERY_S, in the background."""
-        gang, now = self.gang, self._clock()
-        if self.state != GangState.READY or gang is None or len(gang.ranks) < 2:
-            return
-        if now - self._woken_at < WAKE_EVERY_S:
-            return
-        self._woken_at = now
-        task = asyncio.create_task(gang.wake_workers())
-        self._wakes.add(task)
-        task.add_done_callback(self._wakes.discard)
+        return self.view.snapshot()
 
     # ── requests from the operator ──
-
-    def begin_drain(self) -> None:  # shutdown began: requests waiting get their 503 now
-        self.draining = True
-        self._pulse()
 
     def request_stop(self, force: bool = False, keep_ranks: bool = False) -> None:
         """End the run; force: SIGKILL at once; keep_ranks: they serve on, to be adopted."""
@@ -166,7 +118,7 @@ class Supervisor:
         self._stop.set()
 
     def adopt(self, gang: Gang) -> None:  # serve this running gang first: no pre-launch checks
-        self._adopted = gang
+        self.next.adopt(gang)
 
     def request_restart(self) -> None:
         """`orchestrator restart` / SIGHUP: a fresh restart budget, and a relaunch if failed."""
@@ -185,7 +137,8 @@ class Supervisor:
         finally:
             await (self._unwatch() if self._keep_ranks else self._stop_gang())
             self.machine.to(GangState.STOPPED, "stop requested")
-        return RunResult(self.restarts, self.history[-1] if self.history else None)
+        history = self.view.history
+        return RunResult(self.view.restarts, history[-1] if history else None)
 
     async def _launch_and_serve(self) -> GangResult | None:
         """Launch a gang and serve until it fails (its result, taken once it is stopped)
@@ -199,13 +152,12 @@ class Supervisor:
             failures = await self._first_of(self._until_healthy())
         if not failures and not self._stop.is_set():
             self.metrics.launch_duration.observe(self._clock() - started)
-            if self.history:
-                self.metrics.recovery.observe(self._clock() - self.history[-1].root.at)
+            if self.view.history:
+                self.metrics.recovery.observe(self._clock() - self.view.history[-1].root.at)
             self._ready_since = self._clock()
             self._ebusy_retried = False
-            self.machine.to(
-                GangState.READY, f"serving at http://{self.spec.api.host}:{self.spec.api.port}/v1"
-            )
+            api = self.spec.api
+            self.machine.to(GangState.READY, f"serving at http://{api.host}:{api.port}/v1")
             if self.links is not None:
                 await self.links.watch()
             failures = await self._first_of(self._watch_progress())
@@ -230,18 +182,16 @@ class Supervisor:
                 RankFailure(Cause.AGENT_LOST, error.node, None, error.message, self._clock())
                 for error in errors
             ]
-        if self.gang is not None:
-            await end_stale_ranks(self.pool, self.gang.unconfirmed())
-        if self._adopted is None:  # an adopted gang holds its ports and devices already
+        if self.view.gang is not None:
+            await end_stale_ranks(self.pool, self.view.gang.unconfirmed())
+        if not self.next.adopting:  # an adopted gang holds its ports and devices already
             devices = await rdma_device_problems(self.spec, self.pool, self._clock())
             if devices:
                 return devices
             lost = await self.waits.links()
             if lost is None or lost:
                 return lost or []  # nodes lost meanwhile; none when a stop request came
-        gang = self.gang = self._adopted or self._next_gang or self._new_gang()
-        self._next_gang = self._adopted = None
-        self._launch_ids.add(gang.launch_id)
+        gang = self.view.gang = self.next.take()
         self.monitor.watch(gang)
         log.info("launching %d ranks, launch %s", self.spec.world_size, gang.launch_id)
         try:
@@ -250,112 +200,77 @@ class Supervisor:
             self._on_launch(gang)
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(1 if gang.ranks[rank].running else 0)
-        return [
-            RankFailure(Cause.SPAWN_FAILED if f.permanent else Cause.AGENT_LOST, f.node, f.rank,
-                        f"cannot start the rank: {f.message}", self._clock())
-            for f in spawn_failures
-        ]
-
-    async def _start_standby_when_due(self, sample: ServingSample | None) -> None:
-        """Start the next launch's ranks as standbys, once per gang, when due (see above)."""
-        if not self.spec.supervisor.standby_ranks or self._next_gang is not None:
-            return
-        ready_for = self._clock() - self._ready_since
-        idle = sample is not None and sample.running == 0 and sample.waiting == 0
-        if (idle and ready_for >= STANDBY_AFTER_S) or ready_for >= STANDBY_BUSY_AFTER_S:
-            self._next_gang = self._new_gang()
-            self._launch_ids.add(self._next_gang.launch_id)
-            await self._next_gang.start_standby()
+        return [classify_spawn(failure, self._clock()) for failure in spawn_failures]
 
     async def _until_healthy(self) -> RankFailure | None:
-        assert self.gang is not None
+        assert self.view.gang is not None
         timeout = self.spec.supervisor.launch_timeout_s
-        if await self.probe.healthy(self.gang.rank0_url, timeout):
+        if await self.probe.healthy(self.view.gang.rank0_url, timeout):
             return None
-        return RankFailure(
-            Cause.INIT_TIMEOUT,
-            self.spec.nodes[0].name,
-            0,
-            f"rank 0 not healthy within {timeout:g} s",
-            self._clock(),
-        )
+        return RankFailure(Cause.INIT_TIMEOUT, self.spec.nodes[0].name, 0,
+                           f"rank 0 not healthy within {timeout:g} s", self._clock())
 
     async def _watch_progress(self) -> RankFailure | None:
-        assert self.gang is not None
-        watch = self.progress = ProgressWatch(self.spec.supervisor.hang_timeout_s, self._clock())
+        gang = self.view.gang
+        assert gang is not None
+        watch = self.view.progress = ProgressWatch(self.spec.supervisor.hang_timeout_s,
+                                                   self._clock())
         while True:
             await self._sleep(WATCH_S)
             self.policy.note_ready(self._ready_since)
-            sample = await self.probe.sample(self.gang.rank0_url)
+            sample = await self.probe.sample(gang.rank0_url)
             reason = watch.observe(sample, self._clock())
             if reason is not None:
                 return RankFailure(Cause.HANG, self.spec.nodes[0].name, 0, reason, self._clock())
-            await self._start_standby_when_due(sample)
+            await self.next.start_standby_when_due(sample, self._clock() - self._ready_since)
 
     async def _first_of(self, watch: Awaitable[RankFailure | None]) -> list[RankFailure]:
         """Run `watch` until it finds a failure, an agent reports one, or a stop is
         requested; returns the failures found so far (none on a stop or a clean finish)."""
         watching = asyncio.ensure_future(watch)
-        waits = [
-            asyncio.ensure_future(self.monitor.failed.wait()),
-            asyncio.ensure_future(self._stop.wait()),
-        ]
-        try:
-            await asyncio.wait([watching, *waits], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (watching, *waits):
-                task.cancel()
+        await first_done(watching, self.monitor.failed.wait(), self._stop.wait())
         found = watching.result() if watching.done() and not watching.cancelled() else None
         return ([found] if found else []) + self.monitor.take()
 
     async def _recover(self, result: GangResult) -> bool:
-        """Wait out the backoff after a failed gang; False if the orchestrator should stop."""
-        self.history.append(result)
+        """Carry out recovery.decide for a failed gang; False if the orchestrator should stop."""
+        self.view.history.append(result)
         failure = result.root
         self.machine.to(GangState.RESTARTING, failure.summary())
-        if failure.cause == Cause.SPAWN_FAILED:
-            return await self._wait_while_failed(
-                f"{failure.summary()}; no restart can fix that: fix the node or cluster.toml, "
-                "then `orchestrator restart`"
-            )
-        away = await self.answers.away(list(self.pool.nodes))
-        if away:
-            since = min(f.at for f in result.failures)
-            outcome = await self.waits.nodes(list(self.pool.nodes), away, since)
-            if outcome is None:
-                return False
-            return await self._wait_while_failed(outcome) if outcome else True
-        if failure.cause == Cause.EBUSY:
-            return await self._clear_ebusy(failure, min(f.at for f in result.failures))
-        if self.policy.budget_exhausted():
-            window = self.spec.supervisor.restart_window_s
-            return await self._wait_while_failed(
-                f"more than {self.spec.supervisor.max_restarts} restarts "
-                f"within {window:g} s; last: {failure.summary()}"
-            )
-        delay = self.policy.next_delay(failure.cause)
-        self.restarts += 1
-        self.metrics.restarts.labels(cause=failure.cause.value).inc()
-        self.metrics.restart_backoff.set(delay)
-        # The backoff counts from the failure: stopping the gang took part of it already.
-        first = min(f.at for f in result.failures)
-        wait = max(delay - (self._clock() - first), 0.0)
-        log.info("backoff %.1f s (restart %d, cause %s): relaunching in %.1f s",
-                 delay, self.restarts, failure.cause, wait)
-        return not await self._stop_within(self._sleep(wait))
+        nodes = list(self.pool.nodes)
+        away = await self.answers.away(nodes) if recovery.asks_who_is_away(result) else None
+        match recovery.decide(result, away, self.policy, self._ebusy_retried):
+            case recovery.Fail(reason):
+                return await self._wait_while_failed(reason)
+            case recovery.WaitNodes(gone, since):
+                outcome = await self.waits.nodes(nodes, dict(gone), since)
+                if outcome is None:
+                    return False
+                return await self._wait_while_failed(outcome) if outcome else True
+            case recovery.ClearEbusy() as clear:
+                return await self._clear_ebusy(clear)
+            case recovery.Backoff(cause, delay, relaunch_at):
+                self.policy.record()
+                self.view.restarts += 1
+                self.metrics.restarts.labels(cause=cause.value).inc()
+                self.metrics.restart_backoff.set(delay)
+                wait = max(relaunch_at - self._clock(), 0.0)
+                log.info("backoff %.1f s (restart %d, cause %s): relaunching in %.1f s",
+                         delay, self.view.restarts, cause, wait)
+                return not await self._stop_within(self._sleep(wait))
 
-    async def _clear_ebusy(self, failure: RankFailure, first: float) -> bool:
+    async def _clear_ebusy(self, clear: recovery.ClearEbusy) -> bool:
         """EBUSY: end the RDMA devices' holders that are ours and retry once, after the
         cool-down and without spending a restart; fail naming the holders that are not
         ours, or when the retry meets EBUSY again (waiting cannot free a device)."""
-        self._next_gang = None  # its standbys carry JACCL's env too: ended with the rest
-        nodes = list(self.pool.nodes)
-        reason = await end_our_holders(self.holders, nodes, self._launch_ids, failure.summary())
-        if reason or self._ebusy_retried:
-            return await self._wait_while_failed(reason or failed_reason(failure.summary()))
+        self.next.drop_standby()  # its standbys carry JACCL's env too: ended with the rest
+        summary = clear.failure.summary()
+        reason = await end_our_holders(self.holders, list(self.pool.nodes), self.next.launch_ids,
+                                       summary)
+        if reason or not clear.retry:
+            return await self._wait_while_failed(reason or failed_reason(summary))
         self._ebusy_retried = True
-        # Counted from the failure, as the backoff is: stopping the gang took part of it.
-        wait = max(self.spec.supervisor.ebusy_cooldown_s - (self._clock() - first), 0.0)
+        wait = max(clear.retry_at - self._clock(), 0.0)
         log.info("ebusy: retrying once in %.1f s (no restart spent)", wait)
         return not await self._stop_within(self._sleep(wait))
 
@@ -367,21 +282,14 @@ class Supervisor:
 
     async def _stop_within(self, wait: Awaitable[object]) -> bool:
         """Wait for `wait` or a stop request; True if the stop came first."""
-        task = asyncio.ensure_future(wait)
-        stop = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            task.cancel()
-            stop.cancel()
+        await first_done(wait, self._stop.wait())
         return self._stop.is_set()
 
     async def _stop_gang(self, grace_s: float | None = None) -> None:
-        gang = self.gang
+        gang = self.view.gang
         if gang is None:
             return
-        if grace_s is None:
-            grace_s = self.spec.supervisor.stop_grace_s
+        grace_s = self.spec.supervisor.stop_grace_s if grace_s is None else grace_s
         await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s), self._unwatch())
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
@@ -390,11 +298,3 @@ class Supervisor:
         if self.links is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.links.unwatch(), STOP_ANSWER_S)
-
-    def _state_changed(self, old: GangState, new: GangState, reason: str) -> None:
-        self.metrics.state.state(new.value)
-        self._pulse()
-
-    def _pulse(self) -> None:  # wake everything in wait_for_upstream to look again
-        self._changed.set()
-        self._changed = asyncio.Event()

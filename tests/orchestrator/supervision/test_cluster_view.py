@@ -1,0 +1,62 @@
+"""What the gateway reads of a supervisor: two views side by side in one process, each
+answering for its own cluster only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from types import SimpleNamespace
+
+from orchestrator.supervision.cluster_view import SupervisorView
+from orchestrator.supervision.state import GangState, StateMachine
+from testkit.fake_clock import FakeClock
+from tests.orchestrator.supervisor_harness import stop
+
+
+def view(name: str) -> SupervisorView:
+    clock = FakeClock()
+    machine = StateMachine(clock)
+    machine.to(GangState.CONNECTING)
+    machine.to(GangState.PREFLIGHT)
+    machine.to(GangState.LAUNCHING)
+    shown = SupervisorView(machine, clock)
+    plan = SimpleNamespace(secret=f"secret-{name}")
+    shown.gang = SimpleNamespace(  # type: ignore[assignment]
+        rank0_url=f"http://{name}:8000", launch_id=f"launch-{name}", plan=plan, ranks={}
+    )
+    return shown
+
+
+async def test_two_views_each_hand_out_only_their_own_ready_rank_0() -> None:
+    """A waiter on each; only the view whose gang became ready answers, with its own
+    rank 0; the other still waits, and its snapshot stays its own."""
+    first, second = view("a"), view("b")
+    waiting = [asyncio.ensure_future(v.wait_for_upstream(5.0)) for v in (first, second)]
+    await asyncio.sleep(0.01)
+    first.machine.to(GangState.READY, "serving")
+    upstream = await asyncio.wait_for(waiting[0], 1.0)
+    assert upstream is not None and (upstream.url, upstream.secret) == ("http://a:8000", "secret-a")
+    await asyncio.sleep(0.05)
+    assert not waiting[1].done()
+    assert second.snapshot().state == GangState.LAUNCHING
+    assert first.snapshot().launch_id == "launch-a" and second.snapshot().launch_id == "launch-b"
+    second.begin_drain()  # its shutdown ends its own waiters only
+    assert await asyncio.wait_for(waiting[1], 1.0) is None
+    assert not first.draining
+
+
+async def test_two_supervisors_in_one_process_fail_and_restart_apart(harness) -> None:
+    """Two supervision loops side by side (one per model instance): a crash in one
+    restarts that one only; the other's gang, view and counts are untouched."""
+    crashing, steady = harness(), harness()
+    await crashing.ready_gang(1)
+    kept = await steady.ready_gang(1)
+    crashing.crash(1, returncode=1)
+    await crashing.ready_gang(2)
+    assert crashing.supervisor.view.restarts == 1
+    assert steady.supervisor.view.restarts == 0 and steady.supervisor.view.history == deque()
+    assert steady.supervisor.view.gang is kept and all(r.running for r in kept.ranks.values())
+    assert steady.supervisor.view.state == GangState.READY
+    await stop(crashing)
+    assert steady.supervisor.view.state == GangState.READY
+    await stop(steady)
