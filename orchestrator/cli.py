@@ -194,7 +194,7 @@ def _sync_options(sub: argparse.ArgumentParser) -> None:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from orchestrator.models.hub_ref import is_hub
+    from contract.model_ref import is_hub
     from orchestrator.provision.sync.command import sync_command
 
     spec, _warnings = check_cluster_file(args.config)

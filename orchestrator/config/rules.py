@@ -15,7 +15,7 @@ from orchestrator.config.issues import ConfigIssue
 from orchestrator.config.jaccl_devices import is_jaccl_ring, ring_device_issues
 from orchestrator.config.links import link_issues, rank_addresses
 from orchestrator.config.spec import ClusterSpec
-from orchestrator.models.hub_ref import HUB_FORM, hub_problem, is_hub
+from contract.model_ref import HUB_FORM, hub_problem, is_hub
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"

@@ -26,7 +26,7 @@ from orchestrator.config import ClusterSpec
 from orchestrator.console import report_console
 from orchestrator.models.fit import fit
 from orchestrator.models.hub import HubAccess, HubError, remote_listing
-from orchestrator.models.hub_ref import is_hub, parse
+from contract.model_ref import is_hub, parse
 from orchestrator.models.location import hf_cache_dir, pinned_commit, store_dir
 
 

@@ -12,7 +12,7 @@ import msgspec
 
 from orchestrator.config import ClusterSpec
 from orchestrator.models.hub import HubError
-from orchestrator.models.hub_ref import is_hub
+from contract.model_ref import is_hub
 from orchestrator.models.location import LocationError, node_path, resolve_spec
 from orchestrator.models.progress import LogPullProgress, RichPullProgress
 from orchestrator.models.pull import PullProgress, PullReport, pull

@@ -24,7 +24,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import filter_repo_objects
 
-from orchestrator.models.hub_ref import HubRef
+from contract.model_ref import HubRef
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # What mlx-lm itself downloads (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS; a test keeps them

@@ -22,7 +22,7 @@ import msgspec
 
 from contract.settings import ModelSettings
 from orchestrator.config import ClusterSpec
-from orchestrator.models.hub_ref import COMMIT, is_hub, parse
+from contract.model_ref import COMMIT, is_hub, parse
 
 
 class LocationError(Exception):

@@ -41,7 +41,7 @@ from orchestrator.models.hub import (
     explain,
     remote_listing,
 )
-from orchestrator.models.hub_ref import COMMIT, HubRef, parse
+from contract.model_ref import COMMIT, HubRef, parse
 from orchestrator.models.location import store_dir
 
 PARALLEL_FILES = 8

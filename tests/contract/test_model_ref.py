@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from contract.settings import ModelSettings
-from orchestrator.models.hub_ref import hub_problem, parse
+from contract.model_ref import hub_problem, parse
 from orchestrator.models.location import node_path
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
