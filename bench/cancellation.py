@@ -27,6 +27,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.settings import ModelSettings  # noqa: E402
 from testkit.orchestrator_process import running, write_cluster  # noqa: E402
 
 
@@ -79,7 +80,7 @@ def main() -> None:
                                supervisor={"standby_ranks": False})
         api = tomllib.loads(config.read_text())["api"]
         url = f"http://{api['host']}:{api['port']}"
-        model = args.model.removeprefix("bundled:").rstrip("/").rsplit("/", 1)[-1]
+        model = ModelSettings(path=args.model).served_id
         with running(config, url=url):
             idle = fresh(url, model)
             started = time.monotonic()

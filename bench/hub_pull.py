@@ -30,6 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.model_ref import Bundled, parse_model_ref  # noqa: E402
 from contract.settings import ModelSettings  # noqa: E402
 from orchestrator.models.hub import HubAccess, HubError  # noqa: E402
 from orchestrator.models.pull import PullProgress, pull  # noqa: E402
@@ -97,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     source = (
         resolve_model(args.model, default_cache_dir())
-        if args.model.startswith("bundled:")
+        if isinstance(parse_model_ref(args.model), Bundled)
         else Path(args.model)
     )
     repo = serve_dir(HUB_ID, source)

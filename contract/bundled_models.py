@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-BUNDLED_PREFIX = "bundled:"
+from contract.model_ref import Bundled
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class BundledModelUnavailable(ModelResolutionError):
 
 
 def known_bundled_specs() -> str:
-    return ", ".join(BUNDLED_PREFIX + name for name in sorted(BUNDLED_MODELS))
+    return ", ".join(Bundled(name).spec for name in sorted(BUNDLED_MODELS))
 
 
 def bundled_model(name: str) -> BundledModel:

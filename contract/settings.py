@@ -14,14 +14,15 @@ from typing import Annotated, Literal, NamedTuple
 import msgspec
 from msgspec import Meta
 
+from contract.model_ref import BUNDLED_PREFIX, ModelRefError, parse_model_ref
+
 Port = Annotated[int, Meta(ge=1, le=65535)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 NonNegativeInt = Annotated[int, Meta(ge=0)]
 PositiveSeconds = Annotated[float, Meta(gt=0)]
 NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 
-DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
-HUB_PREFIX = "hf:"  # "hf:ORG/NAME[@REVISION]": a model of the Hugging Face hub
+DEFAULT_MODEL = BUNDLED_PREFIX + "smollm2-135m-instruct"
 
 
 class SettingsError(ValueError):
@@ -33,9 +34,10 @@ class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_def
 
 
 class ModelSettings(Section):
-    # "bundled:<name>", a model directory present on every node, or "hf:ORG/NAME[@REV]":
-    # pulled once to this machine, then synced to <store>/models--ORG--NAME/snapshots/<commit>
-    # on every node (orchestrator/models/location.py).
+    # A model reference (contract/model_ref.py): "bundled:<name>", a model directory
+    # present on every node, or a hub model, hf: ORG/NAME[@REV]: pulled once to this
+    # machine, then synced to <store>/models--ORG--NAME/snapshots/<commit> on every node
+    # (orchestrator/models/location.py).
     path: str = DEFAULT_MODEL
     # The id clients pass as `model`; defaults to the path's last component (hf: NAME).
     id: str | None = None
@@ -57,9 +59,10 @@ class ModelSettings(Section):
     def served_id(self) -> str:
         if self.id:
             return self.id
-        if self.path.startswith(HUB_PREFIX):
-            return self.path.partition("@")[0].rstrip("/").rsplit("/", 1)[-1]
-        return self.path.removeprefix("bundled:").rstrip("/").rsplit("/", 1)[-1]
+        try:
+            return parse_model_ref(self.path).default_id
+        except ModelRefError:  # the config check names it; meanwhile the last path part
+            return self.path.rstrip("/").rsplit("/", 1)[-1]
 
 
 MAX_DRAFT_TOKENS = 16  # verifying more per step costs more than a match that long saves

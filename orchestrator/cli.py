@@ -194,11 +194,12 @@ def _sync_options(sub: argparse.ArgumentParser) -> None:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from orchestrator.models.hub_ref import is_hub
+    from contract.model_ref import Hub, parse_model_ref
     from orchestrator.provision.sync.command import sync_command
 
     spec, _warnings = check_cluster_file(args.config)
-    if is_hub(spec.model.path):  # the hub's client only then: 0.2 s of imports
+    # the hub's client only for a hub model: 0.2 s of imports
+    if isinstance(parse_model_ref(spec.model.path), Hub):
         from orchestrator.models.commands import located_or_exit
 
         located = located_or_exit(spec, args.config, pull_first=False)

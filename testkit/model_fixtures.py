@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from contract.blas import find_openblas
-from contract.bundled_models import BUNDLED_PREFIX
+from contract.model_ref import BUNDLED_PREFIX
 from serving.model.bundled import default_cache_dir, resolve_model
 from testkit.tiny_model import write_tiny_model
 

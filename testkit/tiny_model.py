@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from contract.bundled_models import BUNDLED_PREFIX
+from contract.model_ref import BUNDLED_PREFIX
 from serving.model.bundled import resolve_model
 
 if TYPE_CHECKING:

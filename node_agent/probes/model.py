@@ -13,9 +13,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from contract.bundled_models import BUNDLED_PREFIX, ModelResolutionError, bundled_gguf_path
+from contract.bundled_models import ModelResolutionError, bundled_gguf_path
 from contract.fingerprint import ModelConfigInfo, ModelInfo
 from contract.model_config import config_info
+from contract.model_ref import Bundled, ModelRefError, parse_model_ref
 from contract.model_shards import INDEX_FILE, ShardIndexError, index_total_size, parse_index
 from node_agent.model_hashes import ModelFileError, build_manifest
 from node_agent.probes.gguf import GgufHeader, read_gguf_header
@@ -24,8 +25,12 @@ DIGEST_CHARS = 16  # shown and compared by preflight; the manifest keeps all 64
 
 
 def inspect_model(spec: str) -> ModelInfo:
-    if spec.startswith(BUNDLED_PREFIX):
-        return _inspect_bundled(spec)
+    try:
+        ref = parse_model_ref(spec)
+    except ModelRefError as exc:  # a hub reference the head did not resolve
+        return ModelInfo(spec=spec, kind="unresolved", error=str(exc))
+    if isinstance(ref, Bundled):
+        return _inspect_bundled(spec, ref.name)
     path = Path(spec).expanduser()
     if not path.exists():
         return ModelInfo(spec=spec, path=str(path), error=f"{path} does not exist on this node")
@@ -36,8 +41,7 @@ def inspect_model(spec: str) -> ModelInfo:
     return inspect_model_dir(spec, path)
 
 
-def _inspect_bundled(spec: str) -> ModelInfo:
-    name = spec[len(BUNDLED_PREFIX) :]
+def _inspect_bundled(spec: str, name: str) -> ModelInfo:
     try:
         path = bundled_gguf_path(name)
     except ModelResolutionError as exc:  # unknown name, or the package missing: with a hint

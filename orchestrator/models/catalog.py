@@ -21,12 +21,12 @@ from huggingface_hub.errors import CacheNotFound
 from rich.table import Table
 
 from contract.fingerprint import NodeFingerprint
+from contract.model_ref import Hub, parse_model_ref
 from node_agent.fingerprint import collect_fingerprint
 from orchestrator.config import ClusterSpec
 from orchestrator.console import report_console
 from orchestrator.models.fit import fit
 from orchestrator.models.hub import HubAccess, HubError, remote_listing
-from orchestrator.models.hub_ref import is_hub, parse
 from orchestrator.models.location import hf_cache_dir, pinned_commit, store_dir
 
 
@@ -109,7 +109,8 @@ def _cluster_model(
     spec: ClusterSpec, known: list[ModelEntry], access: HubAccess | None
 ) -> list[ModelEntry]:
     path = spec.model.path
-    if not is_hub(path):
+    ref = parse_model_ref(path)
+    if not isinstance(ref, Hub):
         root = Path(path).expanduser()
         if not root.is_dir():
             return []
@@ -117,7 +118,6 @@ def _cluster_model(
         entry.size_bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         _describe(entry, root / "config.json")
         return [entry]
-    ref = parse(path)
     commit = pinned_commit(spec.model)
     if any(e.name == ref.repo_id and (commit is None or e.commit == commit) for e in known):
         return []

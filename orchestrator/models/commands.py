@@ -10,9 +10,9 @@ from pathlib import Path
 
 import msgspec
 
+from contract.model_ref import HUB_PREFIX, Hub, parse_model_ref
 from orchestrator.config import ClusterSpec
 from orchestrator.models.hub import HubError
-from orchestrator.models.hub_ref import is_hub
 from orchestrator.models.location import LocationError, node_path, resolve_spec
 from orchestrator.models.progress import LogPullProgress, RichPullProgress
 from orchestrator.models.pull import PullProgress, PullReport, pull
@@ -22,10 +22,10 @@ log = logging.getLogger("orchestrator.pull")
 
 
 def pull_command(spec: ClusterSpec, config: Path, as_json: bool) -> int:
-    if not is_hub(spec.model.path):
+    if not isinstance(parse_model_ref(spec.model.path), Hub):
         print(
             f"{config}: model.path is {spec.model.path!r}: `pull` fetches hub models, "
-            'model.path = "hf:ORG/NAME"; a directory is copied by `orchestrator sync`',
+            f'model.path = "{HUB_PREFIX}ORG/NAME"; a directory is copied by `orchestrator sync`',
             file=sys.stderr,
         )
         return EXIT_NOT_STARTED
@@ -71,7 +71,7 @@ def render(report: PullReport, nodes_at: str, config: Path) -> str:
 def located(spec: ClusterSpec, config: Path, pull_first: bool) -> ClusterSpec:
     """The spec `up`/`sync` run with: an hf: model pulled first when asked (logged), then
     replaced by its pinned directory. Raises HubError or LocationError."""
-    if not is_hub(spec.model.path):
+    if not isinstance(parse_model_ref(spec.model.path), Hub):
         return spec
     if pull_first:
         report = pull(spec.model, LogPullProgress(spec.model.path))

@@ -24,7 +24,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import filter_repo_objects
 
-from orchestrator.models.hub_ref import HubRef
+from contract.model_ref import Hub
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # What mlx-lm itself downloads (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS; a test keeps them
@@ -79,7 +79,7 @@ class RemoteListing:
         return sum(f.size for f in self.files)
 
 
-def remote_listing(ref: HubRef, access: HubAccess) -> RemoteListing:
+def remote_listing(ref: Hub, access: HubAccess) -> RemoteListing:
     """The commit the revision names now and its files mlx-lm needs; raises HubError."""
     api = HfApi(endpoint=access.endpoint, token=access.token or False)
     try:
@@ -109,7 +109,7 @@ def _etag(f: RepoFile) -> str:
     return f.lfs.sha256 if f.lfs is not None else f.blob_id
 
 
-def explain(exc: BaseException, ref: HubRef, access: HubAccess) -> HubError:
+def explain(exc: BaseException, ref: Hub, access: HubAccess) -> HubError:
     """An operator's message for what huggingface_hub raised."""
     where = access.endpoint
     status = _status(exc)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import msgspec
 
+from contract.model_ref import COMMIT, HUB_PREFIX, Hub, parse_hub, parse_model_ref
 from contract.settings import ModelSettings
 from orchestrator.config import ClusterSpec
-from orchestrator.models.hub_ref import COMMIT, is_hub, parse
 
 
 class LocationError(Exception):
@@ -55,8 +55,8 @@ def _portable(path: Path) -> str:
 
 def pinned_commit(model: ModelSettings) -> str | None:
     """The commit this machine's cache pins the model's revision to; None when never pulled."""
-    ref = parse(model.path)
-    if COMMIT.match(ref.revision):
+    ref = parse_hub(model.path)
+    if ref.pinned:
         return ref.revision
     try:
         commit = (store_dir(model) / ref.folder / "refs" / ref.revision).read_text().strip()
@@ -67,13 +67,13 @@ def pinned_commit(model: ModelSettings) -> str | None:
 
 def head_snapshot(model: ModelSettings, commit: str) -> Path:
     """The snapshot directory at this machine (where `pull` put it)."""
-    return store_dir(model) / parse(model.path).folder / "snapshots" / commit
+    return store_dir(model) / parse_hub(model.path).folder / "snapshots" / commit
 
 
 def node_path(model: ModelSettings, commit: str) -> str:
     """The model's directory on every node, as a path each node expands itself."""
     store = model.store or _portable(hf_cache_dir())
-    return f"{store.rstrip('/')}/{parse(model.path).folder}/snapshots/{commit}"
+    return f"{store.rstrip('/')}/{parse_hub(model.path).folder}/snapshots/{commit}"
 
 
 def resolve_spec(spec: ClusterSpec, rerun: str = "orchestrator pull cluster.toml") -> ClusterSpec:
@@ -81,15 +81,15 @@ def resolve_spec(spec: ClusterSpec, rerun: str = "orchestrator pull cluster.toml
     NAME), as preflight, sync and the ranks use it; other specs as they are. Reads this
     machine's cache only; LocationError when the model was never pulled here."""
     model = spec.model
-    if not is_hub(model.path):
+    ref = parse_model_ref(model.path)
+    if not isinstance(ref, Hub):
         return spec
     commit = pinned_commit(model)
     if commit is None:
-        ref = parse(model.path)
         raise LocationError(
             f"{model.path} is not pulled to this machine ({store_dir(model)} has no "
             f"{ref.folder}/refs/{ref.revision}): run `{rerun}`, or pin a commit "
-            f"(hf:{ref.repo_id}@<40-hex sha>) whose files every node already holds"
+            f"({HUB_PREFIX}{ref.repo_id}@<40-hex sha>) whose files every node already holds"
         )
     resolved = msgspec.structs.replace(model, path=node_path(model, commit), id=model.served_id)
     return msgspec.structs.replace(spec, model=resolved)

@@ -31,6 +31,7 @@ from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundEr
 from huggingface_hub.file_download import hf_hub_url, http_get
 from huggingface_hub.utils import build_hf_headers, disable_progress_bars
 
+from contract.model_ref import Hub, parse_hub
 from contract.settings import ModelSettings
 from node_agent.model_store import human
 from orchestrator.models.hub import (
@@ -41,7 +42,6 @@ from orchestrator.models.hub import (
     explain,
     remote_listing,
 )
-from orchestrator.models.hub_ref import COMMIT, HubRef, parse
 from orchestrator.models.location import store_dir
 
 PARALLEL_FILES = 8
@@ -84,7 +84,7 @@ def pull(
 ) -> PullReport:
     """Bring the model's pinned commit into this machine's cache; raises HubError."""
     access = access or HubAccess.from_env()
-    ref = parse(model.path)
+    ref = parse_hub(model.path)
     root = store_dir(model)
     report = PullReport(model.path, offline=access.offline)
     started = time.monotonic()
@@ -112,7 +112,7 @@ def pull(
     return report
 
 
-def _from_cache(ref: HubRef, root: Path, report: PullReport) -> PullReport:
+def _from_cache(ref: Hub, root: Path, report: PullReport) -> PullReport:
     try:
         path = snapshot_download(
             ref.repo_id,
@@ -160,7 +160,7 @@ def _check_space(root: Path, needed: int, model: ModelSettings) -> None:
 
 
 def _fetch_all(
-    ref: HubRef,
+    ref: Hub,
     access: HubAccess,
     commit: str,
     blobs: Path,
@@ -194,7 +194,7 @@ def _fetch_all(
 
 
 def _fetch(
-    ref: HubRef,
+    ref: Hub,
     access: HubAccess,
     commit: str,
     blobs: Path,
@@ -282,7 +282,7 @@ class _HashingSink:
         return str(self._hash.hexdigest())
 
 
-def _link(ref: HubRef, access: HubAccess, commit: str, root: Path) -> str:
+def _link(ref: Hub, access: HubAccess, commit: str, root: Path) -> str:
     """huggingface_hub writes snapshots/<commit>/ from the blobs now present (no bytes move)
     and we pin the revision the operator named in refs/<revision>."""
     disable_progress_bars()
@@ -297,7 +297,7 @@ def _link(ref: HubRef, access: HubAccess, commit: str, root: Path) -> str:
         )
     except Exception as exc:
         raise explain(exc, ref, access) from exc
-    if not COMMIT.match(ref.revision):
+    if not ref.pinned:
         refs = root / ref.folder / "refs" / ref.revision
         refs.parent.mkdir(parents=True, exist_ok=True)
         refs.write_text(commit)

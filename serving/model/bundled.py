@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.bundled_models import (
-    BUNDLED_PREFIX,
     ModelResolutionError,
     bundled_gguf_path,
     known_bundled_specs,
 )
+from contract.model_ref import Bundled, parse_model_ref
 from serving.model.gguf_convert import CONVERTER_VERSION, convert_gguf, dequantize_dir
 
 log = logging.getLogger(__name__)
@@ -109,9 +109,9 @@ def prepare_bundled_model(
 def resolve_model(spec: str, cache_dir: Path | None = None, float32: bool = False) -> Path:
     """The mlx-lm model directory for `spec`: `bundled:<name>` (converted once into the
     cache; `float32`: dequantized) or an existing local model directory (as it is)."""
-    if spec.startswith(BUNDLED_PREFIX):
-        name = spec.removeprefix(BUNDLED_PREFIX)
-        return prepare_bundled_model(name, cache_dir, float32).path
+    ref = parse_model_ref(spec)
+    if isinstance(ref, Bundled):
+        return prepare_bundled_model(ref.name, cache_dir, float32).path
     path = Path(spec).expanduser().resolve()
     if not path.exists():
         raise ModelPathError(

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from contract.blas import INSTALL_HINT
-from contract.bundled_models import BUNDLED_PREFIX
+from contract.model_ref import Bundled, ModelRefError, parse_model_ref
 from contract.settings import RankSettings
 from serving.blas import loaded_openblas
 from serving.distributed import is_peer_lost
@@ -42,7 +42,7 @@ def resolve(settings: RankSettings, float32: bool = False, spec: str | None = No
     (`float32`: dequantized, for an optimized BLAS). `spec`: another model than [model]
     path, in the same forms (the draft model)."""
     spec = spec or settings.model.path
-    if not spec.startswith(BUNDLED_PREFIX):
+    if not _is_bundled(spec):
         path = Path(spec).expanduser()
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"model directory {path} has no config.json")
@@ -56,6 +56,13 @@ def resolve(settings: RankSettings, float32: bool = False, spec: str | None = No
         raise ModelLoadError(f"cannot resolve model {spec!r}: {exc}") from exc
 
 
+def _is_bundled(spec: str) -> bool:
+    try:
+        return isinstance(parse_model_ref(spec), Bundled)
+    except ModelRefError:  # a hub reference reaches no rank: the head resolves it first
+        return False
+
+
 def _bundled_as_float32(settings: RankSettings, group: mx.distributed.Group) -> bool:
     """Whether to serve the bundled model in float32: when every rank has OpenBLAS loaded
     (a collective: every rank must load the same weights)."""
@@ -65,7 +72,7 @@ def _bundled_as_float32(settings: RankSettings, group: mx.distributed.Group) -> 
     elif sys.platform == "linux":
         log.warning("BLAS: MLX's reference BLAS (slow float32 matmuls); for the bundled "
                     "model's fast path: %s", INSTALL_HINT)
-    if not settings.model.path.startswith(BUNDLED_PREFIX):
+    if not _is_bundled(settings.model.path):
         return False
     everywhere = bool(blas)
     if group.size() > 1:

@@ -11,11 +11,11 @@ import pytest
 
 from contract.bundled_models import (
     BUNDLED_MODELS,
-    BUNDLED_PREFIX,
     UnknownBundledModel,
     bundled_gguf_path,
     bundled_model,
 )
+from contract.model_ref import BUNDLED_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "smollm2-135m-instruct"

@@ -19,7 +19,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
 
-from contract.bundled_models import BUNDLED_MODELS, BUNDLED_PREFIX
+from contract.bundled_models import BUNDLED_MODELS
+from contract.model_ref import Bundled, ModelRefError, parse_model_ref
 
 # What a rank imports (tests/orchestrator/provision/bootstrap/test_bootstrap.py checks
 # this against the code).
@@ -79,10 +80,12 @@ class ResolutionError(Exception):
 def rank_roots(model_path: str) -> list[str]:
     """RANK_ROOTS, plus the package that ships the model when it is a bundled one."""
     roots = list(RANK_ROOTS)
-    if model_path.startswith(BUNDLED_PREFIX):
-        model = BUNDLED_MODELS.get(model_path.removeprefix(BUNDLED_PREFIX))
-        if model is not None:
-            roots.append(model.package)
+    try:
+        ref = parse_model_ref(model_path)
+    except ModelRefError:  # a malformed hub reference: no package ships it
+        return roots
+    if isinstance(ref, Bundled) and (model := BUNDLED_MODELS.get(ref.name)) is not None:
+        roots.append(model.package)
     return roots
 
 

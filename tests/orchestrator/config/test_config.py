@@ -270,6 +270,12 @@ BROKEN = [
         "model.path",
         "no '--'",
     ),
+    (
+        "hf model whose revision leaves the cache",
+        LOCAL_NODE + '[model]\npath = "hf:org/name@../../x"\n',
+        "model.path",
+        "the revision '../../x' is not a safe path part",
+    ),
     ("section not a table", "api = 3\n" + LOCAL_NODE, "api", "expected a table"),
     ("nodes not tables", "nodes = 3\n", "nodes", "expected a list of tables"),
 ]
