@@ -1,8 +1,8 @@
 """The agent's main loop: read requests from its orchestrator, answer, push events.
 
 The orchestrator's session is stdin/stdout (the SSH channel, the local pipes) at first;
-with --socket, later ones arrive on a Unix socket (node_agent/agent_socket.py), one at
-a time: a connection while another is open is refused (agent_busy).
+with --socket, later ones arrive on a Unix socket (node_agent/channel/unix_socket.py), one
+at a time: a connection while another is open is refused (agent_busy).
 
 A session ends when its input reaches EOF (SSH channel lost, orchestrator gone), a write
 fails, or the lease set by `Open` expires without a request. Then, if the orchestrator
@@ -69,15 +69,17 @@ from contract.model_manifest import (
     ModelPrepare,
     ModelServe,
 )
-from node_agent import AGENT_VERSION, agent_socket, host_ops, links, model_relay, rdma_holders
+from node_agent import AGENT_VERSION, host_ops, links, rdma_holders
 from node_agent.agent_requests import error_reply, model_request, safe_digest
+from node_agent.channel import unix_socket
+from node_agent.channel.sessions import Session, Sessions
+from node_agent.channel.stdio import LineWriter, open_protocol_stdio
 from node_agent.code_digest import code_root
 from node_agent.fingerprint import collect_fingerprint
 from node_agent.links import LinkProbes
+from node_agent.models import relay
 from node_agent.orphan import OrphanGrace, log_to_file
 from node_agent.ranks import RankTable
-from node_agent.sessions import Session, Sessions
-from node_agent.stdio import LineWriter, open_protocol_stdio
 from node_agent.usage import UsageReporter
 
 log = logging.getLogger("node_agent")
@@ -130,10 +132,10 @@ class Agent:
         self._digest = await asyncio.to_thread(safe_digest, self._root)
         if self._socket_path:
             try:
-                self._server, self._socket = await agent_socket.serve(
+                self._server, self._socket = await unix_socket.serve(
                     self._socket_path, self._sessions.on_client
                 )
-            except (agent_socket.SocketRefused, OSError) as exc:
+            except (unix_socket.SocketRefused, OSError) as exc:
                 log.error("cannot listen on the agent socket: %s", exc)
                 return EXIT_SOCKET
         self._stdio = Session(reader, writer)
@@ -318,7 +320,7 @@ class Agent:
             case ModelManifest() | ModelPrepare() | ModelPrefixHash() | ModelFinalize():
                 return await asyncio.to_thread(model_request, req)
             case ModelServe() | ModelFetch():
-                return await model_relay.handle(req)
+                return await relay.handle(req)
         raise AssertionError(f"unhandled request {req!r}")
 
 

@@ -25,7 +25,7 @@ from contract import agent_protocol as protocol
 from contract.adoption import AGENT_BUSY
 from contract.agent_protocol import ErrorReply
 from contract.message import Message
-from node_agent.stdio import LineWriter
+from node_agent.channel.stdio import LineWriter
 
 log = logging.getLogger("node_agent.sessions")
 

@@ -14,9 +14,9 @@ from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.config.jaccl_devices import node_devices
 from orchestrator.config.links import rank_addresses
-from orchestrator.launch.preflight_macs import mac_preflight
-from orchestrator.launch.preflight_model import model_preflight
 from orchestrator.placement.decide import Refusal, place
+from orchestrator.preflight.macs import mac_preflight
+from orchestrator.preflight.model import model_preflight
 
 GIB = 1024**3
 # The project itself is compared by the digest of the code the agent runs.

@@ -44,8 +44,8 @@ from contract.model_manifest import (
     safe_relative,
 )
 from contract.placement import Placement
-from node_agent.model_hashes import ModelFileError, build_manifest
-from node_agent.model_store import human
+from node_agent.models.hashes import ModelFileError, build_manifest
+from node_agent.models.store import human
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync import forward
 from orchestrator.provision.sync.head_fetch import HeadUnreachable, fetch_from_head
