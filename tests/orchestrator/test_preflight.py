@@ -13,7 +13,8 @@ from contract.placement import Placement
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.load import check_cluster_data
 from orchestrator.placement.decide import place
-from orchestrator.preflight.checks import PreflightFailure, run_preflight
+from orchestrator.preflight.checks import run_preflight
+from orchestrator.preflight.failure import PreflightFailure
 from orchestrator.transports import LocalTransport
 
 replace = msgspec.structs.replace
