@@ -25,9 +25,10 @@ from node_agent.ranks import SpawnError
 log = logging.getLogger("node_agent")
 
 
-def model_request(
-    req: ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize,
-) -> Message:
+ModelFileRequest = ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize
+
+
+def model_request(req: ModelFileRequest) -> Message:
     """The sync requests: blocking file work (hashing), run in a thread."""
     match req:
         case ModelManifest():
