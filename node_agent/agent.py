@@ -41,7 +41,7 @@ from contract.agent_protocol import (
 from node_agent import AGENT_VERSION
 from node_agent.agent_requests import error_reply, safe_digest
 from node_agent.channel import unix_socket
-from node_agent.channel.sessions import Session, Sessions
+from node_agent.channel.sessions import Session, Sessions, Terms
 from node_agent.channel.stdio import LineWriter, open_protocol_stdio
 from node_agent.code_digest import code_root
 from node_agent.handlers import Handlers, Route
@@ -69,7 +69,6 @@ class Agent:
         self._links = LinkProbes(self.emit)
         self._usage = UsageReporter(self.emit, self._ranks.pids)
         self._sessions = Sessions(self._hello, self._handle_line, self._session_ended)
-        self._orphan_grace_s = 0.0
         self._orphan = OrphanGrace(self.shutdown)
         self._stdio: Session | None = None  # the session the agent was started with
         self._stop = asyncio.Event()
@@ -91,7 +90,7 @@ class Agent:
 
     def on_sighup(self) -> None:
         """sshd may hang up with the channel: a gang kept for an adopter ignores it."""
-        if self._orphan_grace_s > 0 and len(self._ranks):
+        if self._sessions.terms.orphan_grace_s > 0 and len(self._ranks):
             log.info("SIGHUP ignored: the ranks serve on for orphan_grace_s")
         else:
             self.shutdown("received SIGHUP")
@@ -127,15 +126,16 @@ class Agent:
 
     def _session_ended(self, reason: str) -> bool:
         """The orchestrator is gone: keep the gang for an adopter (False), or stop (True)."""
-        if not (self._orphan_grace_s > 0 and len(self._ranks) and self._server is not None):
+        grace_s = self._sessions.terms.orphan_grace_s
+        if not (grace_s > 0 and len(self._ranks) and self._server is not None):
             self.shutdown(reason)
             return True
         if self._socket is not None:  # first: stderr was the closed SSH channel's
             log_to_file(self._socket.with_suffix(".log"))
         log.warning("%s: the ranks serve on, up to %g s for an orchestrator to adopt them",
-                    reason, self._orphan_grace_s)
+                    reason, grace_s)
         self._spawn_task(self._drop_session_state())
-        self._orphan.begin(self._orphan_grace_s)
+        self._orphan.begin(grace_s)
         return False
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -197,7 +197,7 @@ class Agent:
                 id=req.id, code=protocol.BAD_REQUEST, message="the session is already open"))
             return
         held = self._sessions.current
-        refused = self._sessions.claim(session, req.orchestrator_id)
+        refused = self._sessions.claim(session, Terms.of(req))
         if refused is not None:
             await self._sessions.send(session, ErrorReply(id=req.id, code=AGENT_BUSY,
                                                           message=refused))
@@ -208,10 +208,6 @@ class Agent:
         if self._socket is not None and session is not self._stdio:
             log_to_file(self._socket.with_suffix(".log"))  # stderr is a lost channel's now
         self._orphan.pause()
-        session.opened = True
-        self._orphan_grace_s = req.orphan_grace_s
-        if req.lease_s:
-            self._sessions.start_lease(session, req.lease_s)
         await self._sessions.send(session, Ok(id=req.id))
 
     async def _dispatch(self, session: Session, req: Request, route: Route) -> None:
