@@ -48,7 +48,7 @@ import tomli_w
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from node_agent.model_hashes import CACHE_ENV, build_manifest  # noqa: E402
+from node_agent.models.hashes import CACHE_ENV, build_manifest  # noqa: E402
 from serving.model.bundled import default_cache_dir, resolve_model  # noqa: E402
 from testkit.netns import TC, MultiHost, PrivateTmpfs, multi_host, sh  # noqa: E402
 from testkit.orchestrator_process import write_cluster  # noqa: E402

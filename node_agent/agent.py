@@ -1,8 +1,8 @@
 """The agent's main loop: read requests from its orchestrator, answer, push events.
 
 The orchestrator's session is stdin/stdout (the SSH channel, the local pipes) at first;
-with --socket, later ones arrive on a Unix socket (node_agent/agent_socket.py), one at
-a time: a connection while another is open is refused (agent_busy).
+with --socket, later ones arrive on a Unix socket (node_agent/channel/unix_socket.py), one
+at a time: a connection while another is open is refused (agent_busy).
 
 A session ends when its input reaches EOF (SSH channel lost, orchestrator gone), a write
 fails, or the lease set by `Open` expires without a request. Then, if the orchestrator
@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -29,55 +28,26 @@ from typing import Any
 import msgspec
 
 from contract import agent_protocol as protocol
-from contract.adoption import AGENT_BUSY, Adopt, LaunchRecord
+from contract.adoption import AGENT_BUSY
 from contract.agent_protocol import (
     PROTOCOL_VERSION,
-    CheckPorts,
-    Connect,
     ErrorReply,
-    FindRdmaHolders,
-    Fingerprint,
-    FingerprintResult,
     Hello,
-    Listen,
-    ListRanks,
     Message,
     Ok,
     Open,
-    Ping,
-    Pong,
-    PortsResult,
-    RankList,
-    RdmaHolders,
-    Reap,
-    Reaped,
     Request,
-    Spawn,
-    Spawned,
-    Stop,
-    Stopped,
-    Unlisten,
-    Wake,
-    WatchLinks,
-    WatchUsage,
 )
-from contract.model_manifest import (
-    ModelFetch,
-    ModelFinalize,
-    ModelManifest,
-    ModelPrefixHash,
-    ModelPrepare,
-    ModelServe,
-)
-from node_agent import AGENT_VERSION, agent_socket, host_ops, links, model_relay, rdma_holders
-from node_agent.agent_requests import error_reply, model_request, safe_digest
+from node_agent import AGENT_VERSION
+from node_agent.agent_requests import error_reply, safe_digest
+from node_agent.channel import unix_socket
+from node_agent.channel.sessions import Session, Sessions, Terms
+from node_agent.channel.stdio import LineWriter, open_protocol_stdio
 from node_agent.code_digest import code_root
-from node_agent.fingerprint import collect_fingerprint
+from node_agent.handlers import Handlers, Route
 from node_agent.links import LinkProbes
 from node_agent.orphan import OrphanGrace, log_to_file
 from node_agent.ranks import RankTable
-from node_agent.sessions import Session, Sessions
-from node_agent.stdio import LineWriter, open_protocol_stdio
 from node_agent.usage import UsageReporter
 
 log = logging.getLogger("node_agent")
@@ -95,19 +65,18 @@ class Agent:
         self._server: asyncio.Server | None = None
         self._socket: Path | None = None
         self._root = code_root()
-        self._digest: str | None = None
         self._ranks = RankTable(self.emit, self._root)
         self._links = LinkProbes(self.emit)
         self._usage = UsageReporter(self.emit, self._ranks.pids)
         self._sessions = Sessions(self._hello, self._handle_line, self._session_ended)
-        self._orphan_grace_s = 0.0
         self._orphan = OrphanGrace(self.shutdown)
-        self._launch: LaunchRecord | None = None  # the running gang's, for an adopter
         self._stdio: Session | None = None  # the session the agent was started with
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._exit_code = EXIT_OK
         self._tasks: set[asyncio.Task[None]] = set()
+        self._handlers = Handlers(self._ranks, self._links, self._usage, self._orphan)
+        self._routes = self._handlers.table()
 
     async def emit(self, msg: Message) -> None:
         """Push to the open session; nobody hears it while the agent is orphaned."""
@@ -121,19 +90,19 @@ class Agent:
 
     def on_sighup(self) -> None:
         """sshd may hang up with the channel: a gang kept for an adopter ignores it."""
-        if self._orphan_grace_s > 0 and len(self._ranks):
+        if self._sessions.terms.orphan_grace_s > 0 and len(self._ranks):
             log.info("SIGHUP ignored: the ranks serve on for orphan_grace_s")
         else:
             self.shutdown("received SIGHUP")
 
     async def run(self, reader: asyncio.StreamReader, writer: LineWriter) -> int:
-        self._digest = await asyncio.to_thread(safe_digest, self._root)
+        self._handlers.digest = await asyncio.to_thread(safe_digest, self._root)
         if self._socket_path:
             try:
-                self._server, self._socket = await agent_socket.serve(
+                self._server, self._socket = await unix_socket.serve(
                     self._socket_path, self._sessions.on_client
                 )
-            except (agent_socket.SocketRefused, OSError) as exc:
+            except (unix_socket.SocketRefused, OSError) as exc:
                 log.error("cannot listen on the agent socket: %s", exc)
                 return EXIT_SOCKET
         self._stdio = Session(reader, writer)
@@ -157,15 +126,16 @@ class Agent:
 
     def _session_ended(self, reason: str) -> bool:
         """The orchestrator is gone: keep the gang for an adopter (False), or stop (True)."""
-        if not (self._orphan_grace_s > 0 and len(self._ranks) and self._server is not None):
+        grace_s = self._sessions.terms.orphan_grace_s
+        if not (grace_s > 0 and len(self._ranks) and self._server is not None):
             self.shutdown(reason)
             return True
         if self._socket is not None:  # first: stderr was the closed SSH channel's
             log_to_file(self._socket.with_suffix(".log"))
         log.warning("%s: the ranks serve on, up to %g s for an orchestrator to adopt them",
-                    reason, self._orphan_grace_s)
+                    reason, grace_s)
         self._spawn_task(self._drop_session_state())
-        self._orphan.begin(self._orphan_grace_s)
+        self._orphan.begin(grace_s)
         return False
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -189,7 +159,7 @@ class Agent:
             pid=os.getpid(),
             hostname=socket.gethostname(),
             python=sys.executable,
-            code_digest=self._digest,
+            code_digest=self._handlers.digest,
         )
 
     async def _handle_line(self, session: Session, line: bytes) -> None:
@@ -206,15 +176,12 @@ class Agent:
             await self._sessions.send(session, ErrorReply(
                 id=req.id, code=protocol.HANDSHAKE_REQUIRED,
                 message="send `open` with the protocol version first"))
-        elif isinstance(
-            req,
-            Stop | Fingerprint | Reap | Connect | ModelManifest | ModelPrepare | ModelPrefixHash
-            | ModelFinalize | ModelServe | ModelFetch,
-        ):
-            # These wait (grace periods, tools): answer out of order, keep reading.
-            self._spawn_task(self._dispatch(session, req))
+        elif (route := self._routes.get(type(req))) is None:
+            raise AssertionError(f"no handler for request {req!r}")
+        elif route.waits:  # answered out of order: the session keeps reading meanwhile
+            self._spawn_task(self._dispatch(session, req, route))
         else:
-            await self._dispatch(session, req)
+            await self._dispatch(session, req, route)
 
     async def _open(self, session: Session, req: Open) -> None:
         if req.protocol_version != PROTOCOL_VERSION:
@@ -230,7 +197,7 @@ class Agent:
                 id=req.id, code=protocol.BAD_REQUEST, message="the session is already open"))
             return
         held = self._sessions.current
-        refused = self._sessions.claim(session, req.orchestrator_id)
+        refused = self._sessions.claim(session, Terms.of(req))
         if refused is not None:
             await self._sessions.send(session, ErrorReply(id=req.id, code=AGENT_BUSY,
                                                           message=refused))
@@ -241,85 +208,14 @@ class Agent:
         if self._socket is not None and session is not self._stdio:
             log_to_file(self._socket.with_suffix(".log"))  # stderr is a lost channel's now
         self._orphan.pause()
-        session.opened = True
-        self._orphan_grace_s = req.orphan_grace_s
-        if req.lease_s:
-            self._sessions.start_lease(session, req.lease_s)
         await self._sessions.send(session, Ok(id=req.id))
 
-    async def _dispatch(self, session: Session, req: Request) -> None:
+    async def _dispatch(self, session: Session, req: Request, route: Route) -> None:
         try:
-            reply = await self._answer(req)
+            reply = await route.handle(req)
         except Exception as exc:
             reply = error_reply(req, exc)
         await self._sessions.send(session, reply)  # only to the session that asked
-
-    async def _answer(self, req: Request) -> Message:
-        match req:
-            case Ping():
-                return Pong(id=req.id, agent_time=time.time(), ranks=len(self._ranks))
-            case ListRanks():
-                return RankList(id=req.id, ranks=self._ranks.infos(),
-                                launch=self._launch if len(self._ranks) else None,
-                                orphaned_since=self._orphan.since)
-            case Spawn():
-                started = await self._ranks.spawn(req)
-                if not req.standby:
-                    self._launch = req.launch
-                    self._orphan.adopted()
-                return Spawned(id=req.id, rank=req.rank, pid=started.proc.pid)
-            case Adopt():
-                self._orphan.adopted()
-                log.info("an orchestrator adopted launch %s", req.launch_id)
-                return Ok(id=req.id)
-            case Stop():
-                if req.rank is not None and not self._ranks.has(req.rank):
-                    raise KeyError(req.rank)
-                return Stopped(id=req.id, exits=await self._ranks.stop(req.rank, req.grace_s))
-            case Reap() if (rank := self._ranks.rank_of(req.pid, req.launch_id)) is not None:
-                await self._ranks.stop(rank, req.grace_s)  # ours: gone from the table too
-                return Reaped(id=req.id, pid=req.pid, killed=True, reason="ended")
-        return await self._answer_more(req)
-
-    async def _answer_more(self, req: Request) -> Message:
-        match req:
-            case Fingerprint():
-                fp = await asyncio.to_thread(collect_fingerprint, req.model, self._digest)
-                return FingerprintResult(id=req.id, fingerprint=fp)
-            case CheckPorts():
-                return PortsResult(id=req.id, in_use=host_ops.ports_in_use(req.host, req.ports))
-            case Reap():
-                killed, reason = await asyncio.to_thread(
-                    host_ops.reap, req.pid, req.launch_id, req.grace_s
-                )
-                return Reaped(id=req.id, pid=req.pid, killed=killed, reason=reason)
-            case Listen():
-                await self._links.listen(req.host, req.port)
-                return Ok(id=req.id)
-            case Unlisten():
-                await self._links.unlisten(req.host, req.port)
-                return Ok(id=req.id)
-            case Connect():
-                return await links.connect(req.host, req.port, req.timeout_s, req.id)
-            case WatchUsage():
-                self._usage.watch(req.interval_s)
-                return Ok(id=req.id)
-            case Wake():
-                self._ranks.wake_workers(req.launch_id)
-                return Ok(id=req.id)
-            case WatchLinks():
-                await self._links.watch(
-                    req.targets, req.interval_s, req.timeout_s, req.down_after
-                )
-                return Ok(id=req.id)
-            case FindRdmaHolders():
-                holders = await asyncio.to_thread(rdma_holders.find_holders)
-                return RdmaHolders(id=req.id, holders=holders)
-            case ModelManifest() | ModelPrepare() | ModelPrefixHash() | ModelFinalize():
-                return await asyncio.to_thread(model_request, req)
-            case ModelServe() | ModelFetch():
-                return await model_relay.handle(req)
-        raise AssertionError(f"unhandled request {req!r}")
 
 
 async def _amain(grace_s: float, socket_path: str | None) -> int:

@@ -17,33 +17,34 @@ from contract.model_manifest import (
     ModelPrefixHash,
     ModelPrepare,
 )
-from node_agent import model_store
 from node_agent.code_digest import code_digest
-from node_agent.model_hashes import ModelFileError, build_manifest
+from node_agent.models import store
+from node_agent.models.hashes import ModelFileError, build_manifest
 from node_agent.ranks import SpawnError
 
 log = logging.getLogger("node_agent")
 
 
-def model_request(
-    req: ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize,
-) -> Message:
+ModelFileRequest = ModelManifest | ModelPrepare | ModelPrefixHash | ModelFinalize
+
+
+def model_request(req: ModelFileRequest) -> Message:
     """The sync requests: blocking file work (hashing), run in a thread."""
     match req:
         case ModelManifest():
-            root = model_store.model_path(req.path)
+            root = store.model_path(req.path)
             if not root.is_dir():
-                raise model_store.StoreError(MODEL_IO, f"{root} is not a directory on this node")
+                raise store.StoreError(MODEL_IO, f"{root} is not a directory on this node")
             manifest, stats = build_manifest(root)
             return ManifestResult(
                 id=req.id, path=str(root), manifest=manifest, hashed_bytes=stats.hashed_bytes
             )
         case ModelPrepare():
-            return model_store.prepare(req)
+            return store.prepare(req)
         case ModelPrefixHash():
-            return model_store.prefix_hashes(req)
+            return store.prefix_hashes(req)
         case ModelFinalize():
-            return model_store.finalize(req)
+            return store.finalize(req)
 
 
 def safe_digest(root: Path) -> str | None:
@@ -58,7 +59,7 @@ def error_reply(req: Request, exc: Exception) -> ErrorReply:
     match exc:
         case SpawnError():
             return ErrorReply(id=req.id, code=protocol.SPAWN_FAILED, message=str(exc))
-        case model_store.StoreError():
+        case store.StoreError():
             return ErrorReply(id=req.id, code=exc.code, message=exc.message)
         case ModelFileError():
             return ErrorReply(id=req.id, code=MODEL_IO, message=str(exc))

@@ -31,10 +31,10 @@ from orchestrator.launch.adoption import adopt_or_clear, launch_record
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
 from orchestrator.launch.plan_command import describe
-from orchestrator.launch.preflight import run_preflight
 from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.placement.decide import place
+from orchestrator.preflight.checks import run_preflight
 from orchestrator.provision.sync.command import UpSync, sync_before_up
 from orchestrator.state_file import (
     ClusterState,

@@ -12,8 +12,8 @@
   contract/openai_errors.py only (both servers map statuses through it);
 - every pytest marker the tests use is registered in pyproject.toml (and --strict-markers
   is on), so `-m "not e2e"` cannot miss a misspelt mark;
-- docs/architecture.md names every shipped module by its path (`orchestrator/up.py`), and
-  every module path it names exists;
+- docs/architecture.md's "Where each concern lives" table names every module of every
+  package folder (and testkit's), and names no module that is gone;
 - tests/ has the packages' floor plan: each test module sits in the folder of the package
   it tests (tests/serving/api/ for serving/api/), and no test module imports another.
 """
@@ -50,8 +50,9 @@ MAX_FUNCTION_LINES = 60
 PLUGIN_MARKERS = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
 PLUGIN_MARKERS |= {"asyncio", "timeout"}
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-# A module path as the docs write it: `serving/engine/engine.py`.
-MODULE_PATH = re.compile(r"`((?:" + "|".join(SHIPPED) + r")/[\w/]*?\w+\.py)`")
+# A row of its table: | `serving/engine/` | `engine.py`, `batch.py`, ... | what they do |
+TABLE_ROW = re.compile(r"^\| `([\w/]+/)` \| ([^|]*) \|", re.M)
+DOCUMENTED = (*SHIPPED, "testkit")
 
 
 def modules() -> dict[str, Path]:
@@ -186,19 +187,24 @@ def marker_problems() -> Iterator[str]:
 
 
 def architecture_problems() -> Iterator[str]:
-    """Every shipped module is named in docs/architecture.md, and every name is a module."""
-    named = set(MODULE_PATH.findall(ARCHITECTURE.read_text()))
-    shipped = {
+    """The modules table names each module of each package folder, and only those."""
+    named = {
+        folder + name
+        for folder, cell in TABLE_ROW.findall(ARCHITECTURE.read_text())
+        for name in re.findall(r"`([\w.]+\.py)`", cell)
+    }
+    modules = {
         str(path.relative_to(ROOT))
-        for package in SHIPPED
+        for package in DOCUMENTED
         for path in (ROOT / package).rglob("*.py")
         if path.name != "__init__.py"
     }
     doc = ARCHITECTURE.relative_to(ROOT)
-    for path in sorted(shipped - named):
-        yield f"{doc} does not name {path}: add it (its path in backticks, what it is for)"
-    for path in sorted(named - shipped):
-        yield f"{doc} names `{path}`, which does not exist: rename or remove it"
+    for path in sorted(modules - named):
+        folder, name = path.rsplit("/", 1)
+        yield f"{doc}: its table's row `{folder}/` does not name `{name}`: add it, and what it does"
+    for path in sorted(named - modules):
+        yield f"{doc}: its table names `{path}`, which does not exist: rename or remove it"
 
 
 def test_floor_plan_problems() -> Iterator[str]:

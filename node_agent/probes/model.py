@@ -2,7 +2,7 @@
 
 A model directory's digest is its manifest's (contract/model_manifest.py): the SHA-256
 of every file, weights included, each computed once and then taken from the hash cache
-(node_agent/model_hashes.py) while the file is unchanged. Two nodes with equal digests
+(node_agent/models/hashes.py) while the file is unchanged. Two nodes with equal digests
 hold the same bytes; this is the manifest `orchestrator sync` copies by. A GGUF file
 (the `bundled:` demo model) keeps a digest of its name, size and metadata section.
 """
@@ -18,7 +18,7 @@ from contract.fingerprint import ModelConfigInfo, ModelInfo
 from contract.model_config import config_info
 from contract.model_ref import Bundled, ModelRefError, parse_model_ref
 from contract.model_shards import INDEX_FILE, ShardIndexError, index_total_size, parse_index
-from node_agent.model_hashes import ModelFileError, build_manifest
+from node_agent.models.hashes import ModelFileError, build_manifest
 from node_agent.probes.gguf import GgufHeader, read_gguf_header
 
 DIGEST_CHARS = 16  # shown and compared by preflight; the manifest keeps all 64

@@ -33,7 +33,7 @@ from huggingface_hub.utils import build_hf_headers, disable_progress_bars
 
 from contract.model_ref import Hub, parse_hub
 from contract.settings import ModelSettings
-from node_agent.model_store import human
+from node_agent.models.store import human
 from orchestrator.models.hub import (
     ALLOW_PATTERNS,
     HubAccess,

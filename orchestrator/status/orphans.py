@@ -9,7 +9,7 @@ import secrets
 import time
 
 from contract.agent_protocol import RankList
-from node_agent.agent_socket import socket_path
+from node_agent.channel.unix_socket import socket_path
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.transports import TransportError, transport_for
 from orchestrator.transports.base import AgentOptions

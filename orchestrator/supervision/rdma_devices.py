@@ -14,7 +14,7 @@ import logging
 
 from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec
-from orchestrator.launch.preflight import run_preflight
+from orchestrator.preflight.checks import run_preflight
 from orchestrator.supervision.failures import Cause, RankFailure
 from orchestrator.transports import AgentRequestError, TransportError
 from orchestrator.transports.pool import NodePool

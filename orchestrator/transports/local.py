@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 
-from node_agent import agent_socket
+from node_agent.channel import unix_socket
 from orchestrator.transports.base import Completed, Transport, check_python
 from orchestrator.transports.errors import ErrorKind, TransportError
 from orchestrator.transports.files import NodeFiles
@@ -133,8 +133,8 @@ class LocalTransport(Transport):
 
     async def _attach(self, code_dir: str, socket: str) -> AgentChannel | None:
         try:
-            streams = await agent_socket.connect(socket, PIPE_LIMIT)
-        except agent_socket.SocketRefused as exc:
+            streams = await unix_socket.connect(socket, PIPE_LIMIT)
+        except unix_socket.SocketRefused as exc:
             raise TransportError(self.node.name, ErrorKind.AGENT_SOCKET, str(exc)) from None
         return SocketChannel(*streams) if streams else None
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from contract.agent_protocol import Event, NodeUsage
 from contract.fingerprint import NodeFingerprint
-from node_agent.agent_socket import socket_path
+from node_agent.channel.unix_socket import socket_path
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.transports import (
     AgentExit,

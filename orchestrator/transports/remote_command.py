@@ -1,8 +1,8 @@
 """The shell commands we send over SSH, built so no config value can execute.
 
     cd '<code dir>' && exec '<python>' -m node_agent --grace 5 --socket S    the agent
-    cd '<code dir>' && exec '<python>' -m node_agent.bridge S       to a running agent
-    env 'K=V' '<program>' 'arg' ...                                  a command (bootstrap)
+    cd '<code dir>' && exec '<python>' -m node_agent.channel.bridge S        to a running agent
+    env 'K=V' '<program>' 'arg' ...                                          a command (bootstrap)
 
 Every value is a separate word quoted with shlex.quote; a python value of
 `python3; touch /tmp/x` is looked up as one (nonexistent) command name.
@@ -28,8 +28,9 @@ def agent_command(code_dir: str, python: str, grace_s: float, socket: str | None
 
 
 def bridge_command(code_dir: str, python: str, socket: str) -> str:
-    """`python -m node_agent.bridge SOCKET`: stdio to a running agent (node_agent/bridge.py)."""
-    args = shlex.join(["-m", "node_agent.bridge", socket])
+    """`python -m node_agent.channel.bridge SOCKET`: stdio to a running agent
+    (node_agent/channel/bridge.py)."""
+    args = shlex.join(["-m", "node_agent.channel.bridge", socket])
     return f"cd {shlex.quote(code_dir)} && exec {remote_python_word(python)} {args}"
 
 

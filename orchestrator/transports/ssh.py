@@ -13,7 +13,7 @@ import contextlib
 
 import asyncssh
 
-from node_agent import bridge
+from node_agent.channel import bridge
 from orchestrator.config import NodeSpec
 from orchestrator.transports.base import DEFAULT_CODE_CACHE, Completed, Transport, check_python
 from orchestrator.transports.deploy import CodeBundle
@@ -126,7 +126,7 @@ class SshTransport(Transport):
         return await self._exec(agent_command(code_dir, check_python(self.node), grace_s, socket))
 
     async def _attach(self, code_dir: str, socket: str) -> AgentChannel | None:
-        """Through `python -m node_agent.bridge` (stdio <-> the agent's socket)."""
+        """Through `python -m node_agent.channel.bridge` (stdio <-> the agent's socket)."""
         channel = await self._exec(bridge_command(code_dir, check_python(self.node), socket))
         first = await channel.peek_exit()
         if first == bridge.NO_AGENT:

@@ -114,6 +114,34 @@ async def test_stdin_eof_stops_ranks_and_exits(raw_agent: RawAgent) -> None:
         kill_if_alive(pid)
 
 
+STUBBORN_RANK = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(1000)"
+)
+
+
+async def test_a_stop_in_its_grace_period_does_not_hold_up_a_ping(raw_agent: RawAgent) -> None:
+    """A Stop waiting out its grace period is answered out of order: a later Ping first."""
+    await raw_agent.recv_type("hello")
+    await raw_agent.send({"type": "open", "id": 1, "protocol_version": PROTOCOL_VERSION})
+    argv = [sys.executable, "-c", STUBBORN_RANK]
+    await raw_agent.send({"type": "spawn", "id": 2, "rank": 0, "argv": argv})
+    pid = (await raw_agent.recv_type("spawned"))["pid"]
+    try:
+        while (await raw_agent.recv_type("log"))["line"].strip() != "ready":
+            pass  # SIGTERM is ignored from now on: the Stop waits its whole grace period
+        await raw_agent.send({"type": "stop", "id": 3, "rank": 0, "grace_s": 2.0})
+        await raw_agent.send({"type": "ping", "id": 4})
+        replies = []
+        while len(replies) < 2:
+            msg = await raw_agent.recv()
+            if msg.get("id") in (3, 4):
+                replies.append((msg["type"], msg["id"]))
+        assert replies == [("pong", 4), ("stopped", 3)]
+    finally:
+        kill_if_alive(pid)
+
+
 async def test_lease_expiry_stops_ranks(raw_agent: RawAgent) -> None:
     """Without requests for lease_s the agent stops its ranks and exits."""
     await raw_agent.recv_type("hello")

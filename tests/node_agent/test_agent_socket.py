@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from contract.agent_protocol import PROTOCOL_VERSION
-from node_agent import agent_socket, bridge
+from node_agent.channel import bridge, unix_socket
 from orchestrator.config import NodeSpec
 from orchestrator.transports.base import AgentOptions
 from orchestrator.transports.local import LocalTransport
@@ -45,8 +45,8 @@ def test_socket_of_another_user_is_refused_and_left_alone(tmp_path: Path) -> Non
         uid = None  # the real check, against our own uid
     else:
         uid = other  # not root: check as if we were that other user
-    with pytest.raises(agent_socket.SocketRefused, match="belongs to uid"):
-        agent_socket.check_owned(path, uid)
+    with pytest.raises(unix_socket.SocketRefused, match="belongs to uid"):
+        unix_socket.check_owned(path, uid)
     if os.getuid() == 0:
         assert bridge.relay(str(path)) == bridge.REFUSED
     assert path.exists()
@@ -56,8 +56,8 @@ def test_directory_open_to_others_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "agents" / "c.n.sock"
     path.parent.mkdir(mode=0o777)
     path.parent.chmod(0o777)
-    with pytest.raises(agent_socket.SocketRefused, match="chmod 700"):
-        agent_socket.check_owned(path)
+    with pytest.raises(unix_socket.SocketRefused, match="chmod 700"):
+        unix_socket.check_owned(path)
 
 
 async def test_stale_socket_is_removed_and_a_fresh_agent_takes_it(tmp_path: Path) -> None:
@@ -67,17 +67,17 @@ async def test_stale_socket_is_removed_and_a_fresh_agent_takes_it(tmp_path: Path
     assert bridge.relay(str(path)) == bridge.NO_AGENT
     assert not path.exists()
     _dead_agent_socket(path)
-    assert await agent_socket.connect(str(path)) is None and not path.exists()
+    assert await unix_socket.connect(str(path)) is None and not path.exists()
     _dead_agent_socket(path)
 
     async def ignore(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
 
-    server, _ = await agent_socket.serve(str(path), ignore)
+    server, _ = await unix_socket.serve(str(path), ignore)
     try:
         assert oct(path.stat().st_mode & 0o777) == oct(0o600)
-        with pytest.raises(agent_socket.SocketRefused, match="already listens"):
-            await agent_socket.serve(str(path), ignore)
+        with pytest.raises(unix_socket.SocketRefused, match="already listens"):
+            await unix_socket.serve(str(path), ignore)
     finally:
         server.close()
 

@@ -20,8 +20,8 @@ from contract.model_manifest import (
     ModelPrepare,
     ModelServe,
 )
-from node_agent import model_relay, model_store
-from node_agent.model_hashes import CACHE_ENV, build_manifest, sha256_file
+from node_agent.models import relay, store
+from node_agent.models.hashes import CACHE_ENV, build_manifest, sha256_file
 from testkit.model_dirs import big_model
 
 
@@ -35,11 +35,11 @@ async def forward(holder: Path, target: Path, manifest: Manifest, token: str = "
 
 
 async def fetched(holder: Path, target: Path, manifest: Manifest, token: str = "") -> ModelFetched:
-    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    prepared = store.prepare(ModelPrepare(path=str(target), manifest=manifest))
     sizes = {f.path: f.size for f in manifest.files}
     files = [FetchFile(path=f.path, offset=f.offset, size=sizes[f.path]) for f in prepared.send]
     real = secrets.token_hex(32)
-    serving = await model_relay.handle(
+    serving = await relay.handle(
         ModelServe(path=str(holder), host="127.0.0.1", token=real, files=list(sizes))
     )
     try:
@@ -51,11 +51,11 @@ async def fetched(holder: Path, target: Path, manifest: Manifest, token: str = "
             files=files,
             timeout_s=5.0,
         )
-        reply = await model_relay.handle(fetch)
+        reply = await relay.handle(fetch)
         assert isinstance(reply, ModelFetched)
         return reply
     finally:
-        await model_relay.handle(ModelServe(token=real, close=True))
+        await relay.handle(ModelServe(token=real, close=True))
 
 
 def test_a_fetched_copy_is_verified_and_renamed(tmp_path: Path) -> None:
@@ -64,11 +64,11 @@ def test_a_fetched_copy_is_verified_and_renamed(tmp_path: Path) -> None:
     target = tmp_path / "node" / "model"
     got = asyncio.run(forward(holder, target, manifest))
     assert got == manifest.total_bytes
-    model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert all(
         (target / f.path).read_bytes() == (holder / f.path).read_bytes() for f in manifest.files
     )
-    assert not model_relay._serving  # the listener is closed
+    assert not relay._serving  # the listener is closed
 
 
 def test_each_file_is_hashed_as_it_arrives_and_never_read_again(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_each_file_is_hashed_as_it_arrives_and_never_read_again(tmp_path: Path) 
     target = tmp_path / "node" / "model"
     reply = asyncio.run(fetched(holder, target, manifest))
     assert reply.sha256 == [f.sha256 for f in manifest.files]
-    done = model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    done = store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert done.hashed_bytes == 0
 
 
@@ -106,13 +106,13 @@ def test_a_wrong_byte_on_the_way_gives_its_true_hash(
     target = tmp_path / "node" / "model"
     reply = asyncio.run(fetched(holder, target, manifest))
     assert flipped
-    staging = model_store.staging_path(target)
+    staging = store.staging_path(target)
     written = [sha256_file(staging / f.path) for f in manifest.files]
     assert reply.sha256 == written  # what is on the disk, not what was sent
     wrong = [f.path for f, sha in zip(manifest.files, reply.sha256, strict=True) if sha != f.sha256]
     assert len(wrong) == 1
-    with pytest.raises(model_store.StoreError) as caught:
-        model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    with pytest.raises(store.StoreError) as caught:
+        store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert caught.value.code == MODEL_MISMATCH and wrong[0] in caught.value.message
 
 
@@ -120,14 +120,14 @@ def test_a_partial_file_resumes_where_it_stopped(tmp_path: Path) -> None:
     holder = big_model(tmp_path / "holder")
     manifest, _ = build_manifest(holder)
     target = tmp_path / "node" / "model"
-    staging = model_store.staging_path(target)
+    staging = store.staging_path(target)
     staging.mkdir(parents=True)
     pad = (holder / "pad.safetensors").read_bytes()
     (staging / "pad.safetensors").write_bytes(pad[:600_000])
     reply = asyncio.run(fetched(holder, target, manifest))
     assert reply.received_bytes == manifest.total_bytes - 600_000
     assert reply.sha256 == [f.sha256 for f in manifest.files]  # the staged prefix's too
-    done = model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    done = store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert done.hashed_bytes == 0
 
 
@@ -139,8 +139,8 @@ def test_a_corrupt_byte_at_the_holder_is_caught_at_the_next_hop(tmp_path: Path) 
     (holder / "pad.safetensors").write_bytes(pad)
     target = tmp_path / "node" / "model"
     asyncio.run(forward(holder, target, manifest))
-    with pytest.raises(model_store.StoreError) as caught:
-        model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    with pytest.raises(store.StoreError) as caught:
+        store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert caught.value.code == MODEL_MISMATCH and "pad.safetensors" in caught.value.message
     assert not target.exists()
 
@@ -148,7 +148,7 @@ def test_a_corrupt_byte_at_the_holder_is_caught_at_the_next_hop(tmp_path: Path) 
 def test_a_wrong_token_is_refused(tmp_path: Path) -> None:
     holder = big_model(tmp_path / "holder")
     manifest, _ = build_manifest(holder)
-    with pytest.raises(model_store.StoreError, match="wrong token"):
+    with pytest.raises(store.StoreError, match="wrong token"):
         asyncio.run(forward(holder, tmp_path / "node" / "model", manifest, token="x" * 64))
 
 
@@ -157,14 +157,14 @@ def test_a_listener_left_open_closes_when_idle(
 ) -> None:
     """An orchestrator that never sent close=True does not leave the port open for good."""
     holder = big_model(tmp_path / "holder")
-    monkeypatch.setattr(model_relay, "IDLE_CLOSE_S", 0.2)
+    monkeypatch.setattr(relay, "IDLE_CLOSE_S", 0.2)
 
     async def left_open() -> bool:
         token = secrets.token_hex(32)
-        await model_relay.handle(ModelServe(path=str(holder), host="127.0.0.1", token=token))
-        assert token in model_relay._serving
+        await relay.handle(ModelServe(path=str(holder), host="127.0.0.1", token=token))
+        assert token in relay._serving
         await asyncio.sleep(1.0)
-        return token in model_relay._serving
+        return token in relay._serving
 
     assert not asyncio.run(left_open())
 
@@ -177,11 +177,11 @@ def test_a_holder_not_yet_receiving_may_serve_what_it_will_hold(tmp_path: Path) 
     async def serve_then_hold() -> int:
         token = secrets.token_hex(32)
         request = ModelServe(path=str(later), host="127.0.0.1", token=token, staging=True)
-        serving = await model_relay.handle(request)
-        await model_relay.handle(ModelServe(token=token, close=True))
+        serving = await relay.handle(request)
+        await relay.handle(ModelServe(token=token, close=True))
         return serving.port  # type: ignore[union-attr]
 
     assert asyncio.run(serve_then_hold()) > 0
-    with pytest.raises(model_store.StoreError, match="nothing to serve"):
-        asyncio.run(model_relay.handle(
+    with pytest.raises(store.StoreError, match="nothing to serve"):
+        asyncio.run(relay.handle(
             ModelServe(path=str(later), host="127.0.0.1", token=secrets.token_hex(32))))

@@ -18,8 +18,8 @@ from contract.model_manifest import (
     ModelPrefixHash,
     ModelPrepare,
 )
-from node_agent import model_store
-from node_agent.model_hashes import CACHE_ENV, HashCache, build_manifest, sha256_file
+from node_agent.models import store
+from node_agent.models.hashes import CACHE_ENV, HashCache, build_manifest, sha256_file
 from testkit.model_dirs import big_model
 
 
@@ -67,15 +67,15 @@ def test_prepare_stage_finalize_renames_a_verified_copy(tmp_path: Path) -> None:
     source = big_model(tmp_path / "src")
     manifest, _ = build_manifest(source)
     target = tmp_path / "node" / "model"
-    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    prepared = store.prepare(ModelPrepare(path=str(target), manifest=manifest))
     assert not prepared.current and not target.exists()
     assert sorted(f.path for f in prepared.send) == sorted(f.path for f in manifest.files)
     for f in prepared.send:
         shutil.copyfile(source / f.path, Path(prepared.staging) / f.path)
-    done = model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    done = store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert done.files == len(manifest.files)
     assert not Path(prepared.staging).exists()
-    again = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    again = store.prepare(ModelPrepare(path=str(target), manifest=manifest))
     assert again.current and again.hashed_bytes == 0  # the cache followed the rename
     assert build_manifest(target)[1].hashed_bytes == 0  # and the fingerprint uses it
 
@@ -89,7 +89,7 @@ def test_one_changed_file_is_the_only_one_sent(tmp_path: Path) -> None:
     with (target / "pad.safetensors").open("r+b") as f:
         f.seek(1000)
         f.write(b"\xff")
-    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    prepared = store.prepare(ModelPrepare(path=str(target), manifest=manifest))
     assert [f.path for f in prepared.send] == ["pad.safetensors"]
     assert prepared.reused_bytes == manifest.total_bytes - (1 << 20)
 
@@ -99,10 +99,10 @@ def test_a_partial_file_resumes_before_its_last_window(tmp_path: Path) -> None:
     source = big_model(tmp_path / "src")
     manifest, _ = build_manifest(source)
     target = tmp_path / "model"
-    model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
-    staged = model_store.staging_path(target) / "pad.safetensors"
+    store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    staged = store.staging_path(target) / "pad.safetensors"
     staged.write_bytes((source / "pad.safetensors").read_bytes()[:700_000])
-    prepared = model_store.prepare(
+    prepared = store.prepare(
         ModelPrepare(path=str(target), manifest=manifest, resume_window=200_000)
     )
     pad = next(f for f in prepared.send if f.path == "pad.safetensors")
@@ -110,7 +110,7 @@ def test_a_partial_file_resumes_before_its_last_window(tmp_path: Path) -> None:
     ask = ModelPrefixHash(
         path=str(source), ranges=[FileRange(path="pad.safetensors", length=500_000)]
     )
-    assert model_store.prefix_hashes(ask).sha256 == [pad.prefix_sha256]
+    assert store.prefix_hashes(ask).sha256 == [pad.prefix_sha256]
 
 
 def test_a_corrupt_staged_file_is_refused_and_nothing_moves(tmp_path: Path) -> None:
@@ -118,13 +118,13 @@ def test_a_corrupt_staged_file_is_refused_and_nothing_moves(tmp_path: Path) -> N
     source = big_model(tmp_path / "src")
     manifest, _ = build_manifest(source)
     target = tmp_path / "model"
-    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    prepared = store.prepare(ModelPrepare(path=str(target), manifest=manifest))
     for f in prepared.send:
         shutil.copyfile(source / f.path, Path(prepared.staging) / f.path)
     bad = Path(prepared.staging) / "config.json"
     bad.write_text(bad.read_text().replace("llama", "llamb"))
-    with pytest.raises(model_store.StoreError) as caught:
-        model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    with pytest.raises(store.StoreError) as caught:
+        store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert caught.value.code == MODEL_MISMATCH and "config.json" in caught.value.message
     assert not target.exists() and not bad.exists()
 
@@ -133,8 +133,8 @@ def test_paths_outside_the_model_are_refused(tmp_path: Path) -> None:
     """A manifest naming ../ is refused before anything is touched."""
     manifest = build_manifest(big_model(tmp_path / "src"))[0]
     evil = type(manifest)(files=[ManifestFile(path="../x", size=1, sha256="0" * 64)])
-    with pytest.raises(model_store.StoreError):
-        model_store.prepare(ModelPrepare(path=str(tmp_path / "t"), manifest=evil))
+    with pytest.raises(store.StoreError):
+        store.prepare(ModelPrepare(path=str(tmp_path / "t"), manifest=evil))
     assert not (tmp_path / "t.partial-sync").exists()
 
 
@@ -146,10 +146,10 @@ def test_a_second_sync_of_the_same_path_is_refused_while_one_runs(tmp_path: Path
         "import sys, time\n"
         "from pathlib import Path\n"
         "from contract.model_manifest import ModelPrepare\n"
-        "from node_agent import model_store\n"
-        "from node_agent.model_hashes import build_manifest\n"
+        "from node_agent.models import store\n"
+        "from node_agent.models.hashes import build_manifest\n"
         f"manifest = build_manifest(Path({str(source)!r}))[0]\n"
-        f"model_store.prepare(ModelPrepare(path={str(target)!r}, manifest=manifest))\n"
+        f"store.prepare(ModelPrepare(path={str(target)!r}, manifest=manifest))\n"
         "print('locked', flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -160,10 +160,10 @@ def test_a_second_sync_of_the_same_path_is_refused_while_one_runs(tmp_path: Path
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         manifest, _ = build_manifest(source)
-        with pytest.raises(model_store.StoreError) as caught:
-            model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
-        assert caught.value.code == model_store.SYNC_BUSY and str(target) in caught.value.message
+        with pytest.raises(store.StoreError) as caught:
+            store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+        assert caught.value.code == store.SYNC_BUSY and str(target) in caught.value.message
     finally:
         holder.kill()
         holder.wait()
-    assert not model_store.prepare(ModelPrepare(path=str(target), manifest=manifest)).current
+    assert not store.prepare(ModelPrepare(path=str(target), manifest=manifest)).current

@@ -24,7 +24,7 @@ from pathlib import Path
 from contract.model_manifest import Manifest, ManifestResult, ModelManifest, safe_relative
 from contract.model_ref import Bundled, parse_model_ref
 from contract.placement import Placement
-from node_agent.model_hashes import ModelFileError, build_manifest
+from node_agent.models.hashes import ModelFileError, build_manifest
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync import forward
 from orchestrator.provision.sync.head_serve import HeadServer

@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from contract.model_manifest import FileToSend
-from node_agent.model_store import human
+from node_agent.models.store import human
 from orchestrator.provision.sync.head_fetch import HeadUnreachable, fetch_from_head
 from orchestrator.provision.sync.pipeline import Delivery, each_file, sync_node
 from orchestrator.provision.sync.state import (

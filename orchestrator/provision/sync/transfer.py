@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from contract.model_manifest import FileRange, ModelPrefixHash, PrefixHashes
-from node_agent.model_hashes import sha256_file
+from node_agent.models.hashes import sha256_file
 from orchestrator.transports.files import NodeFile, NodeFiles
 from orchestrator.transports.handle import AgentHandle
 from orchestrator.transports.local_files import LocalFiles

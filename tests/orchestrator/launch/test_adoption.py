@@ -135,7 +135,7 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
 def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: Path,
                                           leftovers: set[int]) -> None:
     """2 SSH hosts: the agents outlive the SSH sessions of a SIGKILLed `up`; the next `up`
-    reaches them through node_agent.bridge and adopts the gang; `down` then ends it all."""
+    reaches them through node_agent.channel.bridge and adopts the gang; `down` then ends it all."""
     net = netns_hosts(2, "switch")
     config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(2)],
                            model={"id": "tiny"},

@@ -12,8 +12,9 @@ from contract.fingerprint import NetInterface, NodeFingerprint
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.load import check_cluster_data
-from orchestrator.launch.preflight import PreflightFailure, run_preflight
 from orchestrator.placement.decide import place
+from orchestrator.preflight.checks import run_preflight
+from orchestrator.preflight.failure import PreflightFailure
 from orchestrator.transports import LocalTransport
 
 replace = msgspec.structs.replace

@@ -17,7 +17,7 @@ from node_agent.fingerprint import collect_fingerprint
 from node_agent.probes import rdma
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
-from orchestrator.launch.preflight import run_preflight
+from orchestrator.preflight.checks import run_preflight
 from testkit import paths
 
 FIXTURES = paths.FIXTURES / "node_tools"

@@ -16,7 +16,7 @@ from contract.model_shards import WeightShard
 from contract.placement import Placement, RankShare
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
-from orchestrator.launch.preflight_model import model_preflight
+from orchestrator.preflight.model import model_preflight
 from orchestrator.provision.sync import command
 from orchestrator.provision.sync.model_sync import SyncReport
 

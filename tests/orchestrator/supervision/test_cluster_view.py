@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from orchestrator.supervision.cluster_view import SupervisorView
 from orchestrator.supervision.state import GangState, StateMachine
 from testkit.fake_clock import FakeClock
-from tests.orchestrator.supervisor_harness import stop
+from testkit.supervisor_harness import stop
 
 
 def view(name: str) -> SupervisorView:

@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 
 from contract.model_manifest import FetchFile, ModelFetch, ModelServe
-from node_agent import model_relay
+from node_agent.models import relay
 from orchestrator.provision.sync.forward import _Held
 
 
@@ -44,7 +44,7 @@ def test_a_holder_serves_from_staging_then_from_its_renamed_copy(tmp_path: Path)
         token = secrets.token_hex(32)
         serve = ModelServe(path=str(model), host="127.0.0.1", token=token, files=["w.bin"],
                            staging=True)
-        serving = await model_relay.handle(serve)
+        serving = await relay.handle(serve)
         got = []
         try:
             for _ in range(2):
@@ -52,13 +52,13 @@ def test_a_holder_serves_from_staging_then_from_its_renamed_copy(tmp_path: Path)
                                    port=serving.port,  # type: ignore[union-attr]
                                    token=token, files=[FetchFile(path="w.bin", offset=0,
                                                                  size=1000)], timeout_s=5.0)
-                await model_relay.handle(fetch)
+                await relay.handle(fetch)
                 got.append((receiver / "w.bin").read_bytes())
                 (receiver / "w.bin").unlink()
                 if staging.exists():
                     staging.rename(model)
         finally:
-            await model_relay.handle(ModelServe(token=token, close=True))
+            await relay.handle(ModelServe(token=token, close=True))
         return got
 
     assert asyncio.run(run()) == [b"x" * 1000, b"x" * 1000]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from contract.model_manifest import FetchFile, ModelFetch, ModelFinalize, ModelPrepare
-from node_agent import model_relay, model_store
-from node_agent.model_hashes import CACHE_ENV, build_manifest
-from node_agent.model_store import StoreError
+from node_agent.models import relay, store
+from node_agent.models.hashes import CACHE_ENV, build_manifest
+from node_agent.models.store import StoreError
 from orchestrator.config.load import check_cluster_data
 from orchestrator.provision.sync.head_serve import HeadServer, head_address
 from testkit.model_dirs import big_model
@@ -33,7 +33,7 @@ async def fetch_all(
 ) -> int:
     manifest, _ = build_manifest(head.root)
     head.files = frozenset(files if files is not None else [f.path for f in manifest.files])
-    prepared = model_store.prepare(ModelPrepare(path=str(target), manifest=manifest))
+    prepared = store.prepare(ModelPrepare(path=str(target), manifest=manifest))
     sizes = {f.path: f.size for f in manifest.files}
     fetch = ModelFetch(
         staging=prepared.staging,
@@ -45,7 +45,7 @@ async def fetch_all(
         tls_cert=cert or head.cert_pem,
     )
     try:
-        return (await model_relay.fetch(fetch)).received_bytes
+        return (await relay.fetch(fetch)).received_bytes
     finally:
         await head.close()
 
@@ -57,7 +57,7 @@ def test_a_node_fetches_the_heads_files_over_tls_and_they_verify(tmp_path: Path)
     target = tmp_path / "node" / "model"
     got = asyncio.run(fetch_all(HeadServer(source), target))
     assert got == manifest.total_bytes
-    model_store.finalize(ModelFinalize(path=str(target), manifest=manifest))
+    store.finalize(ModelFinalize(path=str(target), manifest=manifest))
     assert build_manifest(target)[0].digest() == manifest.digest()
 
 

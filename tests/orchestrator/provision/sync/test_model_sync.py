@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from node_agent.model_hashes import build_manifest
+from node_agent.models.hashes import build_manifest
 from orchestrator.config import ConfigErrors, check_cluster_file
 from orchestrator.provision.sync.transfer import RESUME_WINDOW
 from testkit.netns import HostsFactory, MultiHost, PrivateTmpfs

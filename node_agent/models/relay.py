@@ -39,8 +39,8 @@ from contract.model_manifest import (
     ModelServing,
     safe_relative,
 )
-from node_agent.model_hashes import ModelFileError, sha256_prefix
-from node_agent.model_store import StoreError, model_path, remember_arrived, staging_path
+from node_agent.models.hashes import ModelFileError, sha256_prefix
+from node_agent.models.store import StoreError, model_path, remember_arrived, staging_path
 
 PARALLEL_FILES = 4
 CHUNK = 1 << 20

@@ -7,16 +7,16 @@ found and the fix; `up` reports all of them at once and exits 2.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 from contract.fingerprint import NodeFingerprint
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.config.jaccl_devices import node_devices
 from orchestrator.config.links import rank_addresses
-from orchestrator.launch.preflight_macs import mac_preflight
-from orchestrator.launch.preflight_model import model_preflight
 from orchestrator.placement.decide import Refusal, place
+from orchestrator.preflight.failure import PreflightFailure
+from orchestrator.preflight.macs import mac_preflight
+from orchestrator.preflight.model import model_preflight
 
 GIB = 1024**3
 # The project itself is compared by the digest of the code the agent runs.
@@ -25,17 +25,6 @@ PACKAGES = ("mlx", "mlx-lm", "mlx-metal")
 JACCL_MIN_MACOS = (26, 2)
 # Makes a venv on every node with the orchestrator's own versions, from pushed wheels.
 BOOTSTRAP_FIX = "run `orchestrator bootstrap cluster.toml`"
-
-
-@dataclass(frozen=True)
-class PreflightFailure:
-    node: str  # "*" when the failure is about the cluster as a whole
-    check: str
-    found: str
-    fix: str
-
-    def render(self) -> str:
-        return f"[{self.check}] {self.node}: {self.found}\n    fix: {self.fix}"
 
 
 Fingerprints = Mapping[str, NodeFingerprint]
@@ -53,10 +42,8 @@ def run_preflight(
         placement = place(spec, fingerprints)
     checks = (_versions, _memory_caps, _addresses, _jaccl)
     failures = [failure for check in checks for failure in check(spec, fingerprints)]
-    failures += [PreflightFailure(*found) for found in mac_preflight(spec, fingerprints)]
-    failures += [
-        PreflightFailure(*found) for found in model_preflight(spec, fingerprints, placement)
-    ]
+    failures += mac_preflight(spec, fingerprints)
+    failures += model_preflight(spec, fingerprints, placement)
     if isinstance(placement, Refusal):
         failures.append(
             PreflightFailure(placement.node, placement.check, placement.found, placement.fix)

@@ -10,27 +10,18 @@ digest of the whole directory.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import NamedTuple
 
 from contract.fingerprint import ModelInfo, NodeFingerprint
 from contract.model_shards import WeightShard, needed_files, stage_layers
 from orchestrator.config import ClusterSpec
+from orchestrator.preflight.failure import PreflightFailure
 
 SHOWN = 3  # file names listed in one message
 
 
-class ModelFailure(NamedTuple):
-    """The fields of a PreflightFailure: node, check, what was found, the fix."""
-
-    node: str
-    check: str
-    found: str
-    fix: str
-
-
 def model_preflight(
     spec: ClusterSpec, prints: Mapping[str, NodeFingerprint], placement: object
-) -> Iterator[ModelFailure]:
+) -> Iterator[PreflightFailure]:
     """`placement`: a Placement, or a refusal / None (then every rank needs every file)."""
     sync = f"run `orchestrator sync cluster.toml` to copy {spec.model.path} there"
     held: dict[str, ModelInfo] = {}
@@ -40,14 +31,14 @@ def model_preflight(
             reason = (model.error if model and model.error else None) or (
                 f"{spec.model.path} is missing"
             )
-            yield ModelFailure(
+            yield PreflightFailure(
                 node.name, "model", reason,
                 f"{sync} from this machine (`--from NODE` from a node), or set `sync = true` "
                 "in [model]",
             )
             continue
         if model.error:
-            yield ModelFailure(
+            yield PreflightFailure(
                 node.name, "model", model.error,
                 "fix the files, or re-copy them with `orchestrator sync cluster.toml`",
             )
@@ -60,13 +51,13 @@ def model_preflight(
     yield from _lacking(held, shards, placement, sync)
 
 
-def _digests(held: Mapping[str, ModelInfo]) -> Iterator[ModelFailure]:
+def _digests(held: Mapping[str, ModelInfo]) -> Iterator[PreflightFailure]:
     digests: dict[str, list[str]] = {}
     for name, model in held.items():
         digests.setdefault(model.digest or "?", []).append(name)
     if len(digests) > 1:
         groups = "; ".join(f"{', '.join(names)}: {digest}" for digest, names in digests.items())
-        yield ModelFailure(
+        yield PreflightFailure(
             "*", "model",
             f"the model's files differ between nodes (SHA-256 manifest digests: {groups})",
             "run `orchestrator sync cluster.toml`: it re-sends only the files that differ "
@@ -74,7 +65,7 @@ def _digests(held: Mapping[str, ModelInfo]) -> Iterator[ModelFailure]:
         )
 
 
-def _differing(held: Mapping[str, ModelInfo]) -> Iterator[ModelFailure]:
+def _differing(held: Mapping[str, ModelInfo]) -> Iterator[PreflightFailure]:
     versions: dict[str, dict[tuple[int, str], list[str]]] = {}
     for name, model in held.items():
         for f in model.files:
@@ -89,7 +80,7 @@ def _differing(held: Mapping[str, ModelInfo]) -> Iterator[ModelFailure]:
         for path in differ[:SHOWN]
     ]
     more = f" and {len(differ) - SHOWN} more" if len(differ) > SHOWN else ""
-    yield ModelFailure(
+    yield PreflightFailure(
         "*", "model",
         f"the model's files differ between nodes: {', '.join(shown)}{more}",
         "run `orchestrator sync cluster.toml`: it re-sends only the files that differ "
@@ -99,7 +90,7 @@ def _differing(held: Mapping[str, ModelInfo]) -> Iterator[ModelFailure]:
 
 def _lacking(
     held: Mapping[str, ModelInfo], shards: list[WeightShard], placement: object, sync: str
-) -> Iterator[ModelFailure]:
+) -> Iterator[PreflightFailure]:
     every = sorted({f.path for m in held.values() for f in m.files} | {s.path for s in shards})
     for name, model in held.items():
         layers = stage_layers(placement, name)
@@ -109,7 +100,7 @@ def _lacking(
             continue
         stage = f" for its layers [{layers[0]}, {layers[1]})" if layers else ""
         more = f" and {len(lacking) - SHOWN} more" if len(lacking) > SHOWN else ""
-        yield ModelFailure(
+        yield PreflightFailure(
             name, "model",
             f"lacks {len(lacking)} of the model's files it needs{stage}: "
             f"{', '.join(lacking[:SHOWN])}{more}",

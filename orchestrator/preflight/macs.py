@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator, Mapping
-from typing import NamedTuple
 
 from contract.fingerprint import NodeFingerprint
 from orchestrator.config import ClusterSpec
 from orchestrator.config.jaccl_devices import NodeDevice, node_devices
-
-
-class MacFailure(NamedTuple):
-    """The fields of a PreflightFailure: node, check, what was found, the fix."""
-
-    node: str
-    check: str
-    found: str
-    fix: str
+from orchestrator.preflight.failure import PreflightFailure
 
 
 def mac_preflight(
     spec: ClusterSpec, fingerprints: Mapping[str, NodeFingerprint]
-) -> Iterator[MacFailure]:
+) -> Iterator[PreflightFailure]:
     for name, devices in node_devices(spec).items():
         fingerprint = fingerprints[name]
         if fingerprint.os.system == "Darwin" and "psutil" not in fingerprint.unavailable:
@@ -37,7 +28,7 @@ def mac_preflight(
 
 def _thunderbolt_ipv4(
     name: str, devices: list[NodeDevice], fingerprint: NodeFingerprint
-) -> Iterator[MacFailure]:
+) -> Iterator[PreflightFailure]:
     interfaces = {interface.name: interface for interface in fingerprint.interfaces}
     for device in devices:
         interface = interfaces.get(device.interface)
@@ -45,7 +36,7 @@ def _thunderbolt_ipv4(
         if any(_is_ipv4(address) for address in addresses):
             continue
         has = ", ".join(addresses) if addresses else "no address"
-        yield MacFailure(
+        yield PreflightFailure(
             name,
             "jaccl",
             f"{device.interface} (RDMA device {device.device} towards {device.peer}, "

@@ -4,6 +4,10 @@ A session starts with the agent's Hello and lasts until its input reaches EOF, a
 it fails, or its lease passes without a request; the agent is then told why (`on_end`:
 True when it stops, and wants its last events sent on that session).
 
+A session's terms (its orchestrator, lease and orphan grace) are read once from its `Open`
+(`Terms.of`) and given with the claim; the last claimed ones stay in force after their
+session ends, for the agent to decide whether its gang serves on.
+
 A socket connection is pending until its `Open` claims control (`claim`). It takes over
 from the session in control when that one comes from the same orchestrator (it lost its
 connection and reconnects: the node slept, a cable was cut; the old session may not see
@@ -23,23 +27,34 @@ from typing import Any
 
 from contract import agent_protocol as protocol
 from contract.adoption import AGENT_BUSY
-from contract.agent_protocol import ErrorReply
+from contract.agent_protocol import ErrorReply, Open
 from contract.message import Message
-from node_agent.stdio import LineWriter
+from node_agent.channel.stdio import LineWriter
 
 log = logging.getLogger("node_agent.sessions")
 
 BUSY = "another orchestrator controls this agent now: stop it (or let it finish) first"
 
 
+@dataclass(frozen=True)
+class Terms:
+    """What an orchestrator's Open sets for its session."""
+
+    owner: str = ""  # the orchestrator's id
+    lease_s: float | None = None  # no request for that long ends the session
+    orphan_grace_s: float = 0.0  # how long the ranks serve on once it has ended
+
+    @classmethod
+    def of(cls, req: Open) -> Terms:
+        return cls(req.orchestrator_id, req.lease_s, req.orphan_grace_s)
+
+
 @dataclass(eq=False)
 class Session:
     reader: asyncio.StreamReader
     writer: LineWriter
-    opened: bool = False
+    terms: Terms | None = None  # set by a successful claim: the session is open
     ended: bool = False
-    owner: str = ""  # the orchestrator's id, from its Open
-    lease_s: float | None = None
     last_request: float = field(default_factory=time.monotonic)
     last_request_wall: float = field(default_factory=time.time)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -50,16 +65,21 @@ class Session:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    @property
+    def opened(self) -> bool:
+        return self.terms is not None
+
     def touch(self) -> None:
         self.last_request, self.last_request_wall = time.monotonic(), time.time()
 
     def lapsed(self) -> bool:
         """No request within its lease, by either clock: a Mac's monotonic clock stands
         still while it sleeps, the wall clock does not."""
-        if not self.lease_s:
+        lease_s = self.terms.lease_s if self.terms else None
+        if not lease_s:
             return False
         idle = max(time.monotonic() - self.last_request, time.time() - self.last_request_wall)
-        return idle > self.lease_s
+        return idle > lease_s
 
 
 class Sessions:
@@ -71,6 +91,7 @@ class Sessions:
     ) -> None:
         self._hello, self._handle, self._on_end = hello, handle, on_end
         self.current: Session | None = None
+        self.terms = Terms()  # the last claimed session's, kept once it has ended
         self._pending: set[Session] = set()
         self.accepting = True
 
@@ -101,26 +122,34 @@ class Sessions:
         self._pending.add(session)
         session.run(self._serve(session))
 
-    def claim(self, session: Session, owner: str) -> str | None:
-        """Give `session` control, taking over a stale one; the refusal's text if another
-        orchestrator holds it."""
+    def claim(self, session: Session, terms: Terms) -> str | None:
+        """Give `session` control on `terms`, taking over a stale one; the refusal's text
+        if another orchestrator holds it."""
         held = self.current
-        if held is session:
-            session.owner = owner
+        if held is not session:
+            refused = self._take_over(held, terms.owner)
+            if refused is not None:
+                return refused
+            self._pending.discard(session)
+            self.current = session
+            log.info("an orchestrator took control on the agent socket")
+        session.terms = self.terms = terms
+        if terms.lease_s:
+            session.run(self._lease_loop(session, terms.lease_s))
+        return None
+
+    def _take_over(self, held: Session | None, owner: str) -> str | None:
+        """Close the session in control for a new one; BUSY if it may not be replaced."""
+        if held is None or held.ended:
             return None
-        if held is not None and not held.ended:
-            if owner and owner == held.owner:
-                why = "its orchestrator reconnected"
-            elif held.lapsed():
-                why = f"no request for {held.lease_s:g} s (lease lapsed)"
-            else:
-                return BUSY
-            log.warning("the session in control is replaced: %s", why)
-            self._close(held)
-        self._pending.discard(session)
-        session.owner = owner
-        self.current = session
-        log.info("an orchestrator took control on the agent socket")
+        if held.terms is not None and owner and owner == held.terms.owner:
+            why = "its orchestrator reconnected"
+        elif held.terms is not None and held.lapsed():
+            why = f"no request for {held.terms.lease_s:g} s (lease lapsed)"
+        else:
+            return BUSY
+        log.warning("the session in control is replaced: %s", why)
+        self._close(held)
         return None
 
     async def _serve(self, session: Session) -> None:
@@ -165,10 +194,6 @@ class Sessions:
         for task in session.tasks:
             task.cancel()
         session.writer.close()
-
-    def start_lease(self, session: Session, lease_s: float) -> None:
-        session.lease_s = lease_s
-        session.run(self._lease_loop(session, lease_s))
 
     async def _lease_loop(self, session: Session, lease_s: float) -> None:
         """Sleeps until the lease could expire; no request within lease_s ends the session."""

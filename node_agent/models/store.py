@@ -34,7 +34,7 @@ from contract.model_manifest import (
     PrefixHashes,
     safe_relative,
 )
-from node_agent.model_hashes import (
+from node_agent.models.hashes import (
     HashCache,
     HashStats,
     ModelFileError,

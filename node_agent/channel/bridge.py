@@ -1,4 +1,4 @@
-"""`python -m node_agent.bridge SOCKET`: the SSH exec channel's way to a running agent.
+"""`python -m node_agent.channel.bridge SOCKET`: the SSH exec channel's way to a running agent.
 
 A new orchestrator runs this over SSH instead of starting an agent: it relays stdin to
 the agent's Unix socket and the socket to stdout, bytes as they come, so the agent
@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 
-from node_agent.agent_socket import SocketRefused, checked_path, remove_if_stale
+from node_agent.channel.unix_socket import SocketRefused, checked_path, remove_if_stale
 
 NO_AGENT = 10
 REFUSED = 11
@@ -39,7 +39,7 @@ def relay(path_text: str) -> int:
     try:
         path = checked_path(path_text)
     except SocketRefused as exc:
-        sys.stderr.write(f"node_agent.bridge: {exc}\n")
+        sys.stderr.write(f"node_agent.channel.bridge: {exc}\n")
         return REFUSED
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -60,7 +60,7 @@ def relay(path_text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.stderr.write("usage: python -m node_agent.bridge SOCKET\n")
+        sys.stderr.write("usage: python -m node_agent.channel.bridge SOCKET\n")
         return 2
     try:
         return relay(args[0])
