@@ -12,8 +12,8 @@ from orchestrator.config.load import check_cluster_data
 from orchestrator.supervision import gang_stop
 from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.node_wait import NodeAnswers
-from orchestrator.supervision.waits import NODE_RETRY_S
 from orchestrator.supervision.state import GangState
+from orchestrator.supervision.waits import NODE_RETRY_S
 from orchestrator.transports import AgentExit, ErrorKind, TransportError
 from orchestrator.transports.pool import NodePool
 from testkit.ports import free_port

@@ -16,7 +16,7 @@ import openai
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from contract.blas import find_openblas
+from testkit import require
 from testkit.rank_cluster import RankCluster, rank_cluster
 from testkit.waiting import metric_value, wait_until
 
@@ -368,8 +368,9 @@ def test_health_and_metrics(server: RankCluster) -> None:
     ):
         assert family in text, family
     assert metric_value(server.base_url, "serving_steps_total") > 0
-    # Where OpenBLAS is installed the rank loaded it and serves the float32 copy.
-    if find_openblas():
+    # Where OpenBLAS is installed the rank loaded it and serves the float32 copy (where CI
+    # requires it, its absence fails here).
+    if require.openblas():
         assert "BLAS: OpenBLAS" in server.log_text(0) and "-f32" in server.log_text(0)
     # MLX's allocator holds at least the weights (~100 MB of the bundled model).
     active = metric_value(server.base_url, "serving_mlx_active_memory_bytes")
