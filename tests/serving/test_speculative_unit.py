@@ -298,3 +298,15 @@ def test_sampled_speculation_at_half_temperature_keeps_the_filtered_distribution
             accepted, token = sampled_rule(sampler, logprobs, [draft])
             counts[draft if accepted else int(token.item())] += 1
         assert _chi2(counts, target) < CHI2_LIMIT, (draft, counts, target)
+
+
+def test_a_rank_refusing_speculation_exits_config_error() -> None:
+    """A model speculation cannot serve, or a draft model of another vocabulary: the rank
+    exits 10 (config error: a restart cannot help), as docs/configuration.md says."""
+    from contract.exit_codes import RankExit
+    from serving.engine.draft_model import DraftMismatch
+    from serving.engine.speculative import SpeculationUnsupported
+    from serving.rank.startup import exit_for
+
+    assert exit_for(SpeculationUnsupported("rotating cache")) == RankExit.CONFIG_ERROR == 10
+    assert exit_for(DraftMismatch("vocabulary 49152 vs 32000")) == 10
