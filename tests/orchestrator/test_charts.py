@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import msgspec
@@ -154,5 +155,5 @@ def test_the_sampling_loop_takes_a_sample_each_interval() -> None:
 
     asyncio.run(run())
     times = [s.t for s in history.samples]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert 5 <= len(times) <= 8 and all(0.09 <= gap <= 0.3 for gap in gaps), gaps
