@@ -111,7 +111,7 @@ def fake_rank0(handler: Handler) -> Iterator[str]:
         return await answer(handler, request)
 
     async def start() -> web.AppRunner:
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # rank 0 here takes any size
         app.router.add_route("*", "/{tail:.*}", route)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from contract.blas import find_openblas
 from contract.model_ref import BUNDLED_PREFIX
 from serving.model.bundled import default_cache_dir, resolve_model
+from testkit import require
 from testkit.tiny_model import write_tiny_model
 
 BUNDLED_SPEC = BUNDLED_PREFIX + "smollm2-135m-instruct"
@@ -22,8 +22,10 @@ BUNDLED_SPEC = BUNDLED_PREFIX + "smollm2-135m-instruct"
 @pytest.fixture(scope="session")
 def bundled_model_dir() -> Path:
     """The mlx-lm directory of bundled:smollm2-135m-instruct as ranks here serve it: float32
-    where OpenBLAS is installed (the fast path on CPU), else 4-bit."""
-    return resolve_model(BUNDLED_SPEC, default_cache_dir(), float32=find_openblas() is not None)
+    where OpenBLAS is installed (the fast path on CPU), else 4-bit (where CI requires
+    OpenBLAS, its absence fails instead: testkit/require.py)."""
+    float32 = require.openblas() is not None
+    return resolve_model(BUNDLED_SPEC, default_cache_dir(), float32=float32)
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,12 @@ so there a missing tool fails the run instead of passing as a quiet skip.
 from __future__ import annotations
 
 import os
+import sys
 from typing import NoReturn
 
 import pytest
+
+from contract.blas import INSTALL_HINT, find_openblas
 
 SSHD = "ORCHESTRATOR_TESTS_REQUIRE_SSHD"
 NETNS = "ORCHESTRATOR_TESTS_REQUIRE_NETNS"
@@ -24,6 +27,11 @@ BUNDLED_MODEL = "ORCHESTRATOR_TESTS_REQUIRE_BUNDLED_MODEL"
 PACKAGE_INDEX = "ORCHESTRATOR_TESTS_REQUIRE_PACKAGE_INDEX"
 # systemd-analyze, which checks the units `orchestrator service install` writes.
 SYSTEMD = "ORCHESTRATOR_TESTS_REQUIRE_SYSTEMD"
+# OpenBLAS on Linux: without it the tests fall back to the bundled model's 4-bit form and
+# leave out the checks that the ranks load it and serve the float32 copy.
+OPENBLAS = "ORCHESTRATOR_TESTS_REQUIRE_OPENBLAS"
+# Root: the checks that give a file to another user or run a probe as `nobody`.
+ROOT = "ORCHESTRATOR_TESTS_REQUIRE_ROOT"
 
 
 def missing(reason: str, env: str) -> NoReturn:
@@ -31,3 +39,13 @@ def missing(reason: str, env: str) -> NoReturn:
     if os.environ.get(env) == "1":
         pytest.fail(f"{reason}, and {env}=1", pytrace=False)
     pytest.skip(reason)
+
+
+def openblas() -> str | None:
+    """OpenBLAS's path here, or None where it is missing (a test then takes the 4-bit
+    model, or leaves out its BLAS check); a failure where OPENBLAS=1."""
+    path = find_openblas()
+    if path is None and sys.platform == "linux" and os.environ.get(OPENBLAS) == "1":
+        pytest.fail(f"OpenBLAS is missing ({INSTALL_HINT}): the tests would take the 4-bit "
+                    f"model and skip the BLAS checks, and {OPENBLAS}=1", pytrace=False)
+    return path

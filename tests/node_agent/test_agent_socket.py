@@ -20,8 +20,10 @@ from node_agent.channel import bridge, unix_socket
 from orchestrator.config import NodeSpec
 from orchestrator.transports.base import AgentOptions
 from orchestrator.transports.local import LocalTransport
+from testkit import require
 from testkit.agent_events import kill_if_alive, pid_gone, wait_gone
 from testkit.ports import free_port
+from testkit.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)
@@ -36,19 +38,25 @@ def _dead_agent_socket(path: Path) -> None:
 
 
 def test_socket_of_another_user_is_refused_and_left_alone(tmp_path: Path) -> None:
-    """Another user's socket: refused by the checks and the bridge, never removed."""
+    """Another user's socket (given to it: root only): refused by the checks and the
+    bridge, never removed."""
+    if os.getuid() != 0:
+        missing("giving a socket to another user needs root", require.ROOT)
     path = tmp_path / "agents" / "c.n.sock"
     _dead_agent_socket(path)
-    other = os.getuid() + 1
-    if os.getuid() == 0:
-        os.chown(path, other, other)
-        uid = None  # the real check, against our own uid
-    else:
-        uid = other  # not root: check as if we were that other user
+    os.chown(path, os.getuid() + 1, os.getuid() + 1)
     with pytest.raises(unix_socket.SocketRefused, match="belongs to uid"):
-        unix_socket.check_owned(path, uid)
-    if os.getuid() == 0:
-        assert bridge.relay(str(path)) == bridge.REFUSED
+        unix_socket.check_owned(path)
+    assert bridge.relay(str(path)) == bridge.REFUSED
+    assert path.exists()
+
+
+def test_the_owner_check_compares_with_the_uid_asked_for(tmp_path: Path) -> None:
+    """Any user: our own socket, checked as another uid's, is refused and left alone."""
+    path = tmp_path / "agents" / "c.n.sock"
+    _dead_agent_socket(path)
+    with pytest.raises(unix_socket.SocketRefused, match="belongs to uid"):
+        unix_socket.check_owned(path, os.getuid() + 1)
     assert path.exists()
 
 

@@ -308,6 +308,9 @@ def test_broken_config_names_field(tmp_path: Path, text: str, path: str, fragmen
             "matching ^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         ),
         ("[nodes.env]\nA = 1\n", "nodes[0].env", "use a table of NAME = a string"),
+        # A node's memory share (pipeline placement weighs by it): 0 or less is named.
+        ("memory_gb = 0\n", "nodes[0].memory_gb", "use a number > 0"),
+        ("memory_gb = -2.5\n", "nodes[0].memory_gb", "use a number > 0"),
     ],
 )
 def test_a_wrong_value_is_told_what_would_do(

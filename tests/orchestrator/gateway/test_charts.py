@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from orchestrator.config import check_cluster_file
@@ -115,3 +117,43 @@ def test_live_events_history_then_samples_until_the_drain() -> None:
     first, kept, second, sample, rest = asyncio.run(asyncio.wait_for(run(), 5.0))
     assert first == "history" and '"samples":[{"t":1.0' in kept
     assert second == "sample" and '"running":2' in sample and rest == "0"
+
+
+def _three_nodes() -> ClusterStatus:
+    nodes = [NodeStatus(name=f"studio-{i}", transport="ssh", host=f"10.0.0.{i}",
+                        connected=True, memory_total_bytes=192 * GIB,
+                        memory_available_bytes=(150 - i) * GIB) for i in range(3)]
+    return ClusterStatus(cluster="c", state="ready", api_url="u", model="m", backend="ring",
+                         orchestrator_pid=1, nodes=nodes)
+
+
+def test_by_default_a_sample_every_3_s_kept_15_minutes_58_bytes_a_second() -> None:
+    """The documented defaults: a sample every 3 s, 15 minutes of them (300), TTFT over
+    30 s; one idle 3-node sample as its server-sent event, per 3 s: about 58 B/s a page."""
+    from litestar.response import ServerSentEventMessage
+
+    history = ChartHistory()
+    assert (history.interval_s, history.window_s, history.samples.maxlen) == (3.0, 900.0, 300)
+    sampler = Sampler()
+    sampler.sample(metrics(100, 0, []), _three_nodes(), now=0.0, wall=1_764_279_000.0)
+    point = sampler.sample(metrics(100, 0, []), _three_nodes(), now=3.0, wall=1_764_279_003.0)
+    event = ServerSentEventMessage(event="sample", data=msgspec.json.encode(point).decode())
+    per_second = len(event.encode()) / history.interval_s
+    assert 58 * 0.8 <= per_second <= 58 * 1.2, (per_second, event.encode())
+
+
+def test_the_sampling_loop_takes_a_sample_each_interval() -> None:
+    """The gateway's lifespan hook samples at the history's interval (here 0.1 s), by the
+    samples' own wall times."""
+    from orchestrator.gateway.charts import sampling
+
+    history = ChartHistory(interval_s=0.1, window_s=60.0)
+
+    async def run() -> None:
+        async with sampling(history, status, None)(None):
+            await asyncio.sleep(0.65)
+
+    asyncio.run(run())
+    times = [s.t for s in history.samples]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert 5 <= len(times) <= 8 and all(0.09 <= gap <= 0.3 for gap in gaps), gaps

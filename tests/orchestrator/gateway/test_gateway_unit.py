@@ -373,3 +373,26 @@ async def test_an_unknown_v1_route_is_404_from_the_gateway(gateway: Callable[...
         reply = await client.post("/v1/embeddings", json=BODY)
     assert reply.status_code == 404 and not seen
     assert reply.json()["error"]["code"] == "not_found"
+
+
+async def test_a_body_over_8_mib_is_413_and_never_reaches_rank_0(
+    gateway: Callable[..., Any],
+) -> None:
+    """The gateway's own limit (docs: 8 MiB): one byte over is refused in OpenAI's shape
+    without a word to rank 0; exactly 8 MiB is forwarded."""
+    seen: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(len(request.content))
+        return ok(request)
+
+    client, _ = gateway(FakeView(), handler)
+    limit = 8 * 1024 * 1024
+    async with client:
+        over = await client.post("/v1/completions", content=b" " * (limit + 1),
+                                 headers={"content-type": "application/json"})
+        at = await client.post("/v1/completions", content=b" " * limit,
+                               headers={"content-type": "application/json"})
+    assert over.status_code == 413, over.text
+    assert over.json()["error"]["type"] == "invalid_request_error", over.json()
+    assert at.status_code == 200 and seen == [limit], (at.text, seen)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -119,3 +120,81 @@ def test_prompts_differ_from_the_first_word() -> None:
     first, second = prompt_text(200, 0), prompt_text(200, 1)
     assert first.split()[0] != second.split()[0]
     assert 180 <= len(first.split()) <= 220
+
+
+class ChatLog:
+    """What a streaming stub gateway saw: each chat's max_tokens in arrival order, and the
+    most chats it was answering at once."""
+
+    def __init__(self) -> None:
+        self.max_tokens: list[int] = []
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def streaming_gateway(log: ChatLog, gap_s: float) -> Iterator[str]:
+    """A ready gateway whose chats stream max_tokens chunks, `gap_s` apart, with usage."""
+    ready: Answers = {"/health": (200, {"status": "ready", "reason": ""}),
+                      "/v1/models": (200, {"data": []})}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            status, body = ready.get(self.path, (404, {}))
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with log.lock:
+                log.max_tokens.append(body["max_tokens"])
+                log.running += 1
+                log.most = max(log.most, log.running)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            chunks = [{"choices": [{"delta": {"content": "x"}}]}] * body["max_tokens"]
+            for chunk in [*chunks, {"choices": [], "usage": {
+                    "prompt_tokens": 9, "completion_tokens": body["max_tokens"]}}]:
+                time.sleep(gap_s)
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            with log.lock:
+                log.running -= 1
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_streams_run_at_once_after_one_uncounted_warm_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """4 streams of 5 tokens, 0.1 s apart: one 1-token warm-up first, alone and not in the
+    report; then the 4 at once (the gateway answered 4 together, the wall time is about one
+    stream's, not four)."""
+    log = ChatLog()
+    with streaming_gateway(log, gap_s=0.1) as url:
+        config = running_at(tmp_path, url)
+        assert bench(config, BenchOptions(streams=4, max_tokens=5, prompt_tokens=16),
+                     as_json=True) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert log.max_tokens == [1, 5, 5, 5, 5] and log.most == 4
+    assert report["streams"] == 4 and report["tokens"] == 20
+    assert 0.5 <= report["wall_s"] < 1.2, report["wall_s"]  # 6 gaps of 0.1 s, not 24

@@ -17,8 +17,10 @@ import pytest
 from orchestrator.models.hub import ALLOW_PATTERNS
 from testkit.hub_server import TEST_REPO, HubServer, ServedRepo
 
-# Each test runs the CLI as a child process against a local hub: seconds each.
-pytestmark = pytest.mark.e2e
+# They start no rank, sshd, namespace, browser or Prometheus; the ones that run the CLI as a
+# child process (against a local hub) take seconds each, so they leave the fast lane (e2e);
+# the pure check stays in it.
+SLOW = pytest.mark.e2e
 
 
 
@@ -47,6 +49,7 @@ def test_allow_patterns_are_mlx_lms() -> None:
     assert sorted(ALLOW_PATTERNS) == sorted(DEFAULT_ALLOW_PATTERNS)
 
 
+@SLOW
 def test_pull_models_plan_commands(tmp_path: Path, hub: HubServer, served: ServedRepo) -> None:
     """Before the pull: `plan` says to pull, `models` shows the hub's size; `pull --json`
     fetches it; then `models` describes it and `plan` launches ranks on the snapshot
@@ -84,6 +87,7 @@ def test_pull_models_plan_commands(tmp_path: Path, hub: HubServer, served: Serve
     assert settings["model"]["id"] == "SmolLM2-135M-Instruct-test"
 
 
+@SLOW
 def test_pull_of_a_directory_model_says_what_to_use(tmp_path: Path) -> None:
     """`pull` is for hf: models; a directory's config says to use sync."""
     config = tmp_path / "cluster.toml"
@@ -92,6 +96,7 @@ def test_pull_of_a_directory_model_says_what_to_use(tmp_path: Path) -> None:
     assert result.returncode == 2 and "orchestrator sync" in result.stderr
 
 
+@SLOW
 def test_pull_into_a_store_shows_progress_and_where_nodes_hold_it(
     tmp_path: Path, hub: HubServer
 ) -> None:
@@ -103,6 +108,7 @@ def test_pull_into_a_store_shows_progress_and_where_nodes_hold_it(
     assert (store / f"models--{TEST_REPO.replace('/', '--')}" / "refs" / "main").is_file()
 
 
+@SLOW
 def test_ctrl_c_keeps_what_arrived_and_the_next_pull_resumes(
     tmp_path: Path, hub: HubServer, served: ServedRepo
 ) -> None:

@@ -179,3 +179,27 @@ def test_install_refuses_what_up_would_refuse(tmp_path: Path) -> None:
                            api={"api_key_env": "SVC_KEY", "host": "0.0.0.0"})
     with pytest.raises(ConfigErrors, match="SVC_KEY"):
         resolve(config, "systemd", {}, tmp_path)
+
+
+@pytest.mark.parametrize(("grace", "timeout"), [(3.0, 60), (10.0, 60), (20.0, 90), (45.5, 166)])
+def test_a_resolved_service_waits_for_the_staged_stop_and_passes_on_path_and_hf(
+    tmp_path: Path, grace: float, timeout: int
+) -> None:
+    """From a cluster.toml and an environment: the stop timeout is 3 x stop_grace_s + 30 s,
+    at least 60 (in the unit and the plist); PATH, HF_HOME, HF_HUB_CACHE are passed on, the
+    rest of the caller's environment is not."""
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", [{"name": "a"}],
+                           supervisor={"stop_grace_s": grace})
+    environ = {"PATH": "/opt/bin:/bin", "HF_HOME": "/hf home", "HF_HUB_CACHE": "/hf/hub",
+               "HOME": "/home/ada", "VIRTUAL_ENV": "/venv", "HF_TOKEN": "hf_x"}
+    _platform, service = resolve(config, "systemd", environ, tmp_path)
+    assert service.stop_timeout_s == timeout
+    assert service.environment == {k: environ[k] for k in ("PATH", "HF_HOME", "HF_HUB_CACHE")}
+    unit = systemd.render_unit(
+        service, systemd.SystemdTarget(False, tmp_path / "units", tmp_path / "state"))
+    assert f"TimeoutStopSec={timeout}\n" in unit
+    assert 'Environment="HF_HUB_CACHE=/hf/hub"' in unit and "HF_TOKEN" not in unit
+    _platform, service = resolve(config, "launchd", environ, tmp_path)
+    plist = plistlib.loads(launchd.render_plist(service))
+    assert plist["ExitTimeOut"] == timeout
+    assert plist["EnvironmentVariables"] == service.environment

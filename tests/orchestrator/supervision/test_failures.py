@@ -64,3 +64,43 @@ def test_root_cause_is_the_earliest() -> None:
     later = classify_exit(exited(RankExit.DESYNC), "a", at=2.0)
     first = classify_exit(exited(None, "SIGSEGV"), "b", at=1.0)
     assert root_cause([later, first]) is first
+
+
+# MLX's own JACCL lines (mlx/distributed/jaccl/utils.cpp: `"[jaccl] Changing queue pair to
+# <state> failed with errno " << status`, a std::invalid_argument, which Python sees as
+# ValueError and an uncaught C++ throw as libc++abi's terminating line): errno 16 only, no
+# strerror text.
+UPSTREAM_EBUSY = [
+    "ValueError: [jaccl] Changing queue pair to INIT failed with errno 16",
+    "ValueError: [jaccl] Changing queue pair to RTR failed with errno 16",
+    "libc++abi: terminating due to uncaught exception of type std::invalid_argument: "
+    "[jaccl] Changing queue pair to RTS failed with errno 16",
+]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        *UPSTREAM_EBUSY,
+        "ibv_open_device: Device or resource busy",  # strerror(EBUSY) alone
+        "rdma_en3: ibv_create_qp returned EBUSY",  # the errno's name alone
+    ],
+)
+def test_each_ebusy_spelling_alone_is_ebusy(line: str) -> None:
+    """Each alternative of the pattern on its own, MLX's exact lines among them."""
+    failure = classify_exit(exited(RankExit.DISTRIBUTED_INIT_FAILED, None, line), "b", at=1.0)
+    assert failure.cause == Cause.EBUSY
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ValueError: [jaccl] Changing queue pair to INIT failed with errno 160",
+        "ValueError: [jaccl] Changing queue pair to RTR failed with errno 1",
+        "[jaccl] Couldn't create queue pair",
+    ],
+)
+def test_other_errnos_are_not_ebusy(line: str) -> None:
+    """errno 160 or 1 is not 16: a crash, restarted as one, not EBUSY's holder hunt."""
+    failure = classify_exit(exited(RankExit.DISTRIBUTED_INIT_FAILED, None, line), "b", at=1.0)
+    assert failure.cause == Cause.RANK_CRASHED

@@ -13,6 +13,7 @@ from orchestrator.supervision import gang_stop
 from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.node_wait import NodeAnswers
 from orchestrator.supervision.state import GangState
+from orchestrator.supervision.waits import NODE_RETRY_S
 from orchestrator.transports import AgentExit, ErrorKind, TransportError
 from orchestrator.transports.pool import NodePool
 from testkit.ports import free_port
@@ -74,9 +75,15 @@ async def test_a_node_away_past_node_wait_s_fails_the_cluster_with_the_reason(ha
     fix; no restart spent. `orchestrator restart` once it is back: serving again."""
     h = harness(node_wait_s=30.0)
     await h.ready_gang(1)
+    failed_at: list[float] = []
+    h.supervisor.machine.on_change(
+        lambda old, new, reason: failed_at.append(h.clock()) if new == GangState.FAILED else None)
     h.answers.away_nodes = {"c": ASLEEP, "b": "unreachable: no route to 10.0.0.2:22"}
+    crashed_at = h.clock()
     h.crash(2, signal="SIGKILL")
     await h.until(lambda: h.supervisor.state == GangState.FAILED, "failed")
+    # The deadline on the fake clock: failed once 30 s had passed, within one retry (2 s).
+    assert len(failed_at) == 1 and 30.0 <= failed_at[0] - crashed_at <= 30.0 + NODE_RETRY_S
     reason = h.supervisor.reason
     assert re.match(r"node c, b unreachable since \d\d:\d\d:\d\d, longer than node_wait_s "
                     r"\(30 s\): c: timeout: .*; b: unreachable: no route", reason), reason
@@ -144,10 +151,9 @@ async def test_a_fault_waiting_cannot_fix_is_not_away(tmp_path: Path) -> None:
     """An identity file that does not exist is a config error: not waited for."""
     pool = pool_of(tmp_path, transport="ssh", ssh="me@127.0.0.1", python="python3",
                    identity_file=str(tmp_path / "missing_key"))
-    try:
+    with pytest.raises(TransportError) as caught:
         await pool.connect("n2")
-    except TransportError as exc:
-        assert exc.kind == ErrorKind.CONFIG
+    assert caught.value.kind == ErrorKind.CONFIG
     assert await NodeAnswers(pool).away(["n2"]) == {}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import openai
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from contract.blas import find_openblas
+from testkit import require
 from testkit.rank_cluster import RankCluster, rank_cluster
 from testkit.waiting import metric_value, wait_until
 
@@ -367,8 +368,9 @@ def test_health_and_metrics(server: RankCluster) -> None:
     ):
         assert family in text, family
     assert metric_value(server.base_url, "serving_steps_total") > 0
-    # Where OpenBLAS is installed the rank loaded it and serves the float32 copy.
-    if find_openblas():
+    # Where OpenBLAS is installed the rank loaded it and serves the float32 copy (where CI
+    # requires it, its absence fails here).
+    if require.openblas():
         assert "BLAS: OpenBLAS" in server.log_text(0) and "-f32" in server.log_text(0)
     # MLX's allocator holds at least the weights (~100 MB of the bundled model).
     active = metric_value(server.base_url, "serving_mlx_active_memory_bytes")
@@ -497,9 +499,21 @@ def test_timings_only_when_asked(client: openai.OpenAI) -> None:
     assert timings["predicted_n"] == 6 and timings["prompt_ms"] > 0
     assert timings["predicted_per_second"] == pytest.approx(
         6e3 / timings["predicted_ms"], rel=1e-6)
-    chunks = list(client.chat.completions.create(
-        **args, stream=True, extra_body={"timings_per_token": True}))
+    started = time.monotonic()
+    chunks, arrived = [], []
+    for chunk in client.chat.completions.create(
+            **args, stream=True, extra_body={"timings_per_token": True}):
+        chunks.append(chunk)
+        arrived.append(time.monotonic())
+    elapsed_ms = (time.monotonic() - started) * 1e3
     assert [("timings" in (c.model_extra or {})) for c in chunks][-2:] == [False, True]
+    # Against this test's clock: both spans fit in the request's time, and the first to the
+    # last token took about what the client saw between their chunks (not 1/1000 of it).
+    streamed = (chunks[-1].model_extra or {})["timings"]
+    texts = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content]
+    seen_ms = (arrived[texts[-1]] - arrived[texts[0]]) * 1e3
+    assert 0 < streamed["prompt_ms"] + streamed["predicted_ms"] <= elapsed_ms
+    assert streamed["predicted_ms"] >= 0.5 * seen_ms - 5, (streamed, seen_ms)
     assert chunks[-1].choices[0].finish_reason == "length"
     text = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3,
                                      extra_body={"timings_per_token": True})

@@ -14,11 +14,14 @@ from serving.model.loading import LoadedModel
 from testkit import mlx_lm_reference
 from testkit.tiny_model import write_tiny_model
 
-pytestmark = pytest.mark.e2e  # loads models: seconds
+# They start no rank; the bundled model's load takes seconds, so those leave the fast lane
+# (e2e); the tiny model's check stays in it.
+SLOW = pytest.mark.e2e
 
 PROMPT = "Repeat exactly:\ndef add(a, b):\n    return a + b\n"
 
 
+@SLOW
 def test_drafts_are_the_draft_models_greedy_continuation(bundled_model_dir: Path) -> None:
     model, tokenizer = mlx_lm_reference.load(bundled_model_dir)
     prompt = mlx_lm_reference.chat_prompt(tokenizer, PROMPT)
@@ -36,6 +39,7 @@ def test_drafts_are_the_draft_models_greedy_continuation(bundled_model_dir: Path
     assert draft.propose(prompt, 0) == []
 
 
+@SLOW
 def test_a_draft_model_of_another_vocabulary_is_refused(
     tmp_path: Path, bundled_model_dir: Path
 ) -> None:

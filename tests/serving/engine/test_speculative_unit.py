@@ -242,3 +242,71 @@ def test_the_orchestrator_reads_the_counters_back_for_status() -> None:
     status = SimpleNamespace(serving=ServingStatus(draft_tokens_total=8, accepted_tokens_total=6))
     assert "drafts accepted 6/8 (75%)" in _serving_line(status).plain  # type: ignore[arg-type]
     assert "drafts" not in _serving_line(SimpleNamespace(serving=ServingStatus())).plain  # type: ignore[arg-type]
+
+
+# The request's distribution after its filters and temperature, computed here by hand:
+# mlx-lm filters the untempered probabilities (top-p keeps a token while the tokens above
+# it hold less than top_p; min-p keeps p >= min_p * max p), then scales by 1/T.
+PROBS = [0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02]
+FILTERS = {  # name: (the SamplingParams fields, the tokens they keep)
+    "top_p": ({"top_p": 0.7}, [0, 1, 2]),
+    "top_k": ({"top_k": 4}, [0, 1, 2, 3]),
+    "min_p": ({"min_p": 0.1}, [0, 1, 2, 3, 4]),
+    "all": ({"top_p": 0.9, "top_k": 5, "min_p": 0.05}, [0, 1, 2, 3]),
+}
+# chi-square at df <= 4 beyond 33 has p < 1e-6: a fair sampler (fixed seed) stays far below.
+CHI2_LIMIT = 33.0
+
+
+def _target(kept: list[int], temperature: float) -> list[float]:
+    weights = [PROBS[i] ** (1 / temperature) if i in kept else 0.0 for i in range(len(PROBS))]
+    return [w / sum(weights) for w in weights]
+
+
+def _chi2(counts: list[int], target: list[float]) -> float:
+    n = sum(counts)
+    assert all(c == 0 for c, q in zip(counts, target, strict=True) if q == 0), counts
+    return sum((c - n * q) ** 2 / (n * q) for c, q in zip(counts, target, strict=True) if q)
+
+
+@pytest.mark.parametrize("name", list(FILTERS))
+def test_sampled_speculation_at_half_temperature_keeps_the_filtered_distribution(
+    name: str,
+) -> None:
+    """T = 0.5 with top-p / top-k / min-p: the first token after the pending one, drafted
+    (likely, unlikely, filtered out) and accepted or resampled, is distributed as the
+    request's own tempered, filtered distribution, as is plain sampling (chi-square)."""
+    import mlx.core as mx
+
+    from serving.engine.sampling import SeededSampler
+    from serving.engine.speculative import sampled_rule
+
+    changed, kept = FILTERS[name]
+    params = SamplingParams(**{**{f: getattr(GREEDY, f) for f in GREEDY.__struct_fields__},
+                               "temperature": 0.5, "seed": 11, **changed})
+    logprobs = mx.log(mx.array([PROBS, PROBS[::-1]], dtype=mx.float32))
+    target, trials = _target(kept, 0.5), 600
+    plain = SeededSampler(params, len(PROBS))
+    counts = [0] * len(PROBS)
+    for _ in range(trials):
+        counts[int(plain(logprobs[:1]).item())] += 1
+    assert _chi2(counts, target) < CHI2_LIMIT, ("plain", counts, target)
+    for draft in (0, kept[-1], 6):
+        sampler = SeededSampler(params, len(PROBS))
+        counts = [0] * len(PROBS)
+        for _ in range(trials):
+            accepted, token = sampled_rule(sampler, logprobs, [draft])
+            counts[draft if accepted else int(token.item())] += 1
+        assert _chi2(counts, target) < CHI2_LIMIT, (draft, counts, target)
+
+
+def test_a_rank_refusing_speculation_exits_config_error() -> None:
+    """A model speculation cannot serve, or a draft model of another vocabulary: the rank
+    exits 10 (config error: a restart cannot help), as docs/configuration.md says."""
+    from contract.exit_codes import RankExit
+    from serving.engine.draft_model import DraftMismatch
+    from serving.engine.speculative import SpeculationUnsupported
+    from serving.rank.startup import exit_for
+
+    assert exit_for(SpeculationUnsupported("rotating cache")) == RankExit.CONFIG_ERROR == 10
+    assert exit_for(DraftMismatch("vocabulary 49152 vs 32000")) == 10

@@ -5,9 +5,12 @@ cache."""
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from serving.model.bundled import default_cache_dir
@@ -36,10 +39,14 @@ def chat(url: str, messages: list[dict[str, str]], **fields: object) -> dict[str
     }
 
 
-def outputs(workdir: Path, model_dir: Path, split: list[int] | None) -> list[dict[str, object]]:
+def outputs(workdir: Path, model_dir: Path, split: list[int] | None,
+            resident: list[int] | None = None) -> list[dict[str, object]]:
+    """The answers; each rank's resident memory once loaded is added to `resident`."""
     ranks = len(split) if split else 1
     with rank_cluster(workdir, model_dir, ranks, served_model_id="m",
                       pipeline_split=split) as cluster:
+        if resident is not None:
+            resident.extend(psutil.Process(p.pid).memory_info().rss for p in cluster.procs)
         url = cluster.base_url
         first = chat(url, [{"role": "user", "content": PROMPT}], temperature=0)
         sampled = chat(url, [{"role": "user", "content": PROMPT}], **PROCESSED)
@@ -65,8 +72,28 @@ def test_two_rank_pipeline_matches_one_rank(tmp_path: Path, bundled_model_dir: P
     """SmolLM2 (a llama: 9 heads, which 2 ranks cannot split by heads) at 2 pipeline
     ranks with an uneven split (rank 0 the last 20 layers, rank 1 the first 10), as ranks
     here serve it (float32 on OpenBLAS; the 4-bit form in pipeline: test_hub_up)."""
-    single = outputs(tmp_path / "r1", bundled_model_dir, None)
-    assert outputs(tmp_path / "p2", bundled_model_dir, [20, 10]) == single
+    whole: list[int] = []
+    staged: list[int] = []
+    single = outputs(tmp_path / "r1", bundled_model_dir, None, whole)
+    assert outputs(tmp_path / "p2", bundled_model_dir, [20, 10], staged) == single
+    # Each stage loaded only its layers: a rank holds less than the whole-model rank by at
+    # least half the bytes of the layers it leaves out (rank 0: 10 of 30; rank 1: 20).
+    layer = _layer_bytes(bundled_model_dir)
+    for rank, left_out in enumerate((10, 20)):
+        assert whole[0] - staged[rank] >= 0.5 * left_out * layer, (rank, whole, staged, layer)
+
+
+def _layer_bytes(model_dir: Path) -> float:
+    """One decoder layer's weight bytes, from the safetensors headers (no weight read)."""
+    total, layers = 0, set()
+    for file in model_dir.glob("*.safetensors"):
+        with file.open("rb") as handle:
+            header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
+        for name, entry in header.items():
+            if ".layers." in name:
+                layers.add(name.split(".layers.")[1].split(".")[0])
+                total += entry["data_offsets"][1] - entry["data_offsets"][0]
+    return total / len(layers)
 
 
 def test_qwen3_pipeline_matches_one_rank(tmp_path: Path, bundled_quantized_dir: Path) -> None:
