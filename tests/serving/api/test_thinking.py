@@ -5,7 +5,6 @@ through the real sampling path, read by the official anthropic and openai SDKs."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -53,6 +52,7 @@ def test_streamed_thinking_then_text(claude: anthropic.Anthropic) -> None:
     assert (thinking.thinking, thinking.signature.startswith("v1.")) == (REASONING, True)
     assert isinstance(text, anthropic.types.TextBlock) and text.text == ANSWER
     assert final.stop_reason == "end_turn"
+    claude.messages.count_tokens(model=MODEL, **_history(final))  # its signature checks
 
 
 def _history(first: Any, thinking_edit: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -109,3 +109,11 @@ def test_openai_chat_reasoning_content(server: RankCluster) -> None:
     kwargs = client.chat.completions.create(
         model=MODEL, messages=ASK, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert off.usage.prompt_tokens == kwargs.usage.prompt_tokens > plain  # type: ignore[union-attr]
+
+
+def test_budget_tokens_closes_the_reasoning(claude: anthropic.Anthropic) -> None:
+    """thinking.budget_tokens: after that many reasoning tokens the sampler writes the end
+    marker on every rank (here over the forced text, which then goes on as the answer)."""
+    capped = claude.messages.create(model=MODEL, max_tokens=64, messages=ASK,
+                                    thinking={"type": "enabled", "budget_tokens": 3})
+    assert capped.content[0].thinking == "Two and"  # type: ignore[union-attr]
