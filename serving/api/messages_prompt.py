@@ -19,7 +19,7 @@ from contract.anthropic_schemas import (
 from serving.api.errors import invalid, model_not_found
 from serving.api.generation import random_seed
 from serving.api.messages_thinking import ThinkingPlan, thinking_plan
-from serving.api.reasoning import prompt_opens_reasoning
+from serving.api.reasoning import prompt_opens_reasoning, reasoning_fields
 from serving.api.state import ServedModel
 from serving.api.tool_calls import ToolPlan, make_plan
 from serving.engine.step_plan import SamplingParams
@@ -147,7 +147,7 @@ def template_messages(req: PromptFields, reasoning: dict[int, str]) -> list[dict
     for i, message in enumerate(req.messages):
         turns = _turn(i, message)
         if i in reasoning and turns and turns[-1]["role"] == "assistant":
-            turns[-1]["reasoning_content"] = reasoning[i]
+            turns[-1].update(reasoning_fields(reasoning[i]))
         out += turns
     return out
 
