@@ -90,7 +90,8 @@ def sampling_params(req: MessagesRequest, model: ServedModel, max_tokens: int,
     ceiling: dict[str, Any] = {}
     if budget is not None and getattr(tokenizer, "has_thinking", False):
         ceiling = {
-            "reasoning_budget": budget, "think_start": list(tokenizer.think_start_tokens),
+            "reasoning_budget": min(budget, max_tokens),
+            "think_start": list(tokenizer.think_start_tokens),
             "think_end": list(tokenizer.think_end_tokens),
             "in_reasoning": prompt_opens_reasoning(tokenizer, prompt or []),
         }
