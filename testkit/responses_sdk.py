@@ -33,6 +33,6 @@ def accumulate(events: list[dict[str, Any]]) -> Response:
     state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
     for data in events:
         state.handle_event(EVENTS.validate_python(data))
-    final = state._completed_response  # noqa: SLF001  (what get_final_response returns)
+    final = state._completed_response  # what the stream's get_final_response() returns
     assert final is not None, "no response.completed"
     return final

@@ -172,11 +172,12 @@ def test_the_stream_is_what_the_sdk_parses() -> None:
     final = accumulate(events)
     assert [item.type for item in final.output] == [
         "reasoning", "message", "function_call", "function_call"]
-    reasoning, message, call, namespaced = final.output
+    reasoning, _, call, namespaced = final.output
     assert reasoning.content[0].text == "Need weather."  # type: ignore[union-attr,index]
     assert reasoning.encrypted_content == encode_reasoning("Need weather.")  # type: ignore[union-attr]
     assert final.output_text == "Checking. "
-    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})  # type: ignore[union-attr]
+    assert (call.name, json.loads(call.arguments)) == (  # type: ignore[union-attr,arg-type]
+        "get_weather", {"city": "Paris"})
     assert (namespaced.namespace, namespaced.name) == ("mcp", "ls")  # type: ignore[union-attr]
     assert final.status == "completed" and final.usage is not None
     assert (final.usage.input_tokens, final.usage.output_tokens) == (7, 30)
