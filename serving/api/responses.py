@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from litestar import Controller, Request, Response, post
@@ -25,9 +26,10 @@ from serving.api.reasoning import REASONING, Part, ReasoningSplitter
 from serving.api.responses_events import ResponseBuild
 from serving.api.responses_prompt import (
     check_request,
-    encode_reasoning,
     max_tokens,
     sampling_params,
+    seal_reasoning,
+    template_kwargs,
     template_messages,
     wants_encrypted_reasoning,
 )
@@ -117,13 +119,15 @@ class ResponsesController(Controller):
         _, model = ready(serving)
         tools = tool_set(req.tools)
         plan = tool_plan(req, tools, model.tokenizer)
-        prompt = render_prompt(model.tokenizer, template_messages(req), plan)
+        messages = template_messages(req, serving.thinking_key)
+        prompt = render_prompt(model.tokenizer, messages, plan, template_kwargs(req))
         cap = max_tokens(req, len(prompt), model, serving.settings.serving.max_tokens_limit)
         admitted = admit(serving, prompt, sampling_params(req, model, cap), [], param="input")
+        seal = partial(seal_reasoning, serving.thinking_key)
         answer = Answer(
             ResponseBuild(created(req, f"resp_{admitted.request_id}", admitted.created),
-                          tools.item, new_id, encode_reasoning if wants_encrypted_reasoning(req)
-                          else None, count=lambda text: token_count(model.tokenizer, text)),
+                          tools.item, new_id, seal if wants_encrypted_reasoning(req) else None,
+                          count=lambda text: token_count(model.tokenizer, text)),
             ReasoningSplitter.for_prompt(model.tokenizer, prompt),
             ToolCallStream(model.tokenizer, plan),
         )

@@ -5,6 +5,8 @@ stream as the official openai SDK reads it."""
 from __future__ import annotations
 
 import json
+from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,8 +21,9 @@ from serving.api.responses import Answer, created, new_id
 from serving.api.responses_events import ResponseBuild
 from serving.api.responses_prompt import (
     check_request,
-    encode_reasoning,
     max_tokens,
+    seal_reasoning,
+    template_kwargs,
     template_messages,
 )
 from serving.api.responses_tools import tool_plan, tool_set
@@ -36,6 +39,7 @@ SHELL_NS = {"type": "namespace", "name": "mcp", "description": "MCP tools", "too
     {"type": "function", "name": "ls", "parameters": {"type": "object"}}]}
 PATCH = {"type": "custom", "name": "apply_patch", "description": "Patch files",
          "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+KEY = b"k" * 32
 TOKENIZER = SimpleNamespace(
     has_tool_calling=True, tool_call_start=json_tools.tool_call_start,
     tool_call_end=json_tools.tool_call_end, tool_parser=json_tools.parse_tool_call,
@@ -55,7 +59,7 @@ def test_items_become_template_messages() -> None:
             {"type": "input_text", "text": "Use tools."}]},
         {"role": "user", "content": "Weather in Paris?"},
         {"type": "reasoning", "id": "rs_1", "summary": [],
-         "encrypted_content": encode_reasoning("Look it up.")},
+         "encrypted_content": seal_reasoning(KEY, "Look it up.")},
         {"type": "function_call", "call_id": "call_1", "name": "get_weather",
          "arguments": '{"city": "Paris"}'},
         {"type": "function_call", "call_id": "call_2", "name": "ls", "namespace": "mcp",
@@ -64,7 +68,7 @@ def test_items_become_template_messages() -> None:
         {"type": "message", "role": "assistant", "content": [
             {"type": "output_text", "text": "21 C.", "annotations": []}]},
     ])
-    assert template_messages(req) == [
+    assert template_messages(req, KEY) == [
         {"role": "system", "content": "Be brief.\n\nUse tools."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "reasoning_content": "Look it up.", "tool_calls": [
@@ -101,7 +105,7 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(
     with pytest.raises(ApiError) as caught:
         req = request(**fields)
         check_request(req, "m")
-        template_messages(req)
+        template_messages(req, KEY)
     assert caught.value.status == 400 and caught.value.body.param == param, caught.value.body
 
 
@@ -149,7 +153,7 @@ def test_max_output_tokens_is_a_ceiling() -> None:
 def answer(req: ResponsesRequest, seal: bool = False) -> Answer:
     tools = tool_set(req.tools)
     build = ResponseBuild(created(req, "resp_1", 0), tools.item, new_id,
-                          encode_reasoning if seal else None)
+                          partial(seal_reasoning, KEY) if seal else None)
     splitter = ReasoningSplitter(ReasoningSyntax("think", "<think>", "</think>"))
     return Answer(build, splitter, ToolCallStream(TOKENIZER, tool_plan(req, tools, TOKENIZER)))
 
@@ -174,7 +178,7 @@ def test_the_stream_is_what_the_sdk_parses() -> None:
         "reasoning", "message", "function_call", "function_call"]
     reasoning, _, call, namespaced = final.output
     assert reasoning.content[0].text == "Need weather."  # type: ignore[union-attr,index]
-    assert reasoning.encrypted_content == encode_reasoning("Need weather.")  # type: ignore[union-attr]
+    assert reasoning.encrypted_content == seal_reasoning(KEY, "Need weather.")  # type: ignore[union-attr]
     assert final.output_text == "Checking. "
     assert (call.name, json.loads(call.arguments)) == (  # type: ignore[union-attr,arg-type]
         "get_weather", {"city": "Paris"})
@@ -204,3 +208,34 @@ def test_a_capped_answer_is_incomplete_and_custom_calls_carry_input() -> None:
     assert msgspec.to_builtins(item) == {
         "type": "custom_tool_call", "id": item.id, "call_id": item.call_id,  # type: ignore[union-attr]
         "name": "apply_patch", "input": "*** Begin", "status": "completed"}
+
+
+def test_effort_switches_thinking_and_tools_fall_back_under_auto() -> None:
+    """reasoning.effort none/minimal turns the template's thinking off, others on; a
+    template without tool calling answers without tools under auto, and refuses a forced
+    call."""
+    assert template_kwargs(request(reasoning={"effort": "none"})) == {"enable_thinking": False}
+    assert template_kwargs(request(reasoning={"effort": "high"})) == {"enable_thinking": True}
+    assert template_kwargs(request(reasoning={"summary": "auto"})) == {}
+    plain = SimpleNamespace(has_tool_calling=False)
+    tools = tool_set([WEATHER])
+    assert tool_plan(request(tool_choice="auto"), tools, plain).tools is None
+    with pytest.raises(ApiError) as caught:
+        tool_plan(request(tool_choice="required"), tools, plain)
+    assert caught.value.body.param == "tools"
+
+
+def test_codex_cli_first_request_is_accepted() -> None:
+    """Codex CLI 0.169.0's recorded first request decodes, passes every check, renders (its
+    developer messages in the system message) and offers its function and namespace tools,
+    not web_search."""
+    raw = (Path(__file__).parents[2] / "fixtures" / "responses"
+           / "codex-0.169.0-first-turn.json").read_bytes()
+    req = decode_body(raw, ResponsesRequest)
+    check_request(req, req.model)
+    messages = template_messages(req, KEY)
+    assert [m["role"] for m in messages] == ["system", "user", "user"]
+    names = [f["function"]["name"] for f in tool_set(req.tools).functions]
+    assert "exec_command" in names and "multi_agent_v1.spawn_agent" in names
+    assert len(names) == 12
+    assert tool_plan(req, tool_set(req.tools), TOKENIZER).tools is not None
