@@ -5,6 +5,7 @@ is a 400 naming its field as OpenAI does (`input.2.call_id`)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from contract.responses_schemas import ResponsesRequest
@@ -62,18 +63,41 @@ def check_request(req: ResponsesRequest, served: str) -> None:
     check_text_format(req)
 
 
-def check_text_format(req: ResponsesRequest) -> None:
-    """Plain text is what the model writes; a JSON format needs constrained decoding,
-    which this server does not do yet: a 400 rather than an answer that ignores it."""
+@dataclass(frozen=True)
+class JsonFormat:
+    """`text.format` asking for JSON: `schema` None is json_object (any JSON object)."""
+
+    schema: dict[str, Any] | None
+    strict: bool
+
+
+def text_format(req: ResponsesRequest) -> JsonFormat | None:
+    """`text.format` checked: None for plain text, else the JSON the answer must be."""
     form = req.text.format if req.text is not None else None
     kind = form.get("type") if form is not None else "text"
-    if kind == "text":
-        return
-    if kind not in ("json_schema", "json_object"):
+    if form is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return JsonFormat(None, strict=True)
+    if kind != "json_schema":
         raise invalid("text.format.type must be text, json_schema or json_object",
                       "text.format.type")
-    raise invalid(f"text.format {kind} (structured outputs) is not supported by this server "
-                  "yet; leave out text.format", "text.format", "unsupported_parameter")
+    if not isinstance(form.get("schema"), dict):
+        raise invalid("text.format of type json_schema needs its schema (an object)",
+                      "text.format.schema")
+    return JsonFormat(form["schema"], strict=form.get("strict") is not False)
+
+
+def check_text_format(req: ResponsesRequest) -> None:
+    """A JSON format needs constrained decoding, which is not wired into this API yet
+    (serving/api/structured.py's json_grammar, on its own branch): a 400 rather than an
+    answer that ignores the schema."""
+    wanted = text_format(req)
+    if wanted is not None:
+        kind = "json_object" if wanted.schema is None else "json_schema"
+        raise invalid(f"text.format {kind} (structured outputs) is not supported by this "
+                      "server yet; leave out text.format", "text.format",
+                      "unsupported_parameter")
 
 
 def wants_encrypted_reasoning(req: ResponsesRequest) -> bool:

@@ -25,6 +25,7 @@ from serving.api.responses_prompt import (
     seal_reasoning,
     template_kwargs,
     template_messages,
+    text_format,
 )
 from serving.api.responses_tools import tool_plan, tool_set
 from serving.api.state import ServedModel
@@ -86,6 +87,8 @@ def test_items_become_template_messages() -> None:
     ({"background": True}, "background"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
     ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"include": ["message.output_text.logprobs"]}, "include.0"),
     ({"reasoning": {"effort": "max"}}, "reasoning.effort"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
@@ -239,3 +242,19 @@ def test_codex_cli_first_request_is_accepted() -> None:
     assert "exec_command" in names and "multi_agent_v1.spawn_agent" in names
     assert len(names) == 12
     assert tool_plan(req, tool_set(req.tools), TOKENIZER).tools is not None
+
+
+def test_text_format_is_parsed_and_kept() -> None:
+    """text.format is read into the JSON the answer must be (for constrained decoding to
+    take): json_schema's schema and strict (default on), json_object, plain text."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    asked = text_format(request(text={"format": {"type": "json_schema", "name": "x",
+                                                 "schema": schema}}))
+    assert asked is not None and (asked.schema, asked.strict) == (schema, True)
+    lenient = text_format(request(text={"format": {"type": "json_schema", "name": "x",
+                                                   "schema": schema, "strict": False}}))
+    assert lenient is not None and not lenient.strict
+    anything = text_format(request(text={"format": {"type": "json_object"}}))
+    assert anything is not None and anything.schema is None
+    assert text_format(request(text={"format": {"type": "text"}})) is None
+    assert text_format(request()) is None
