@@ -190,6 +190,9 @@ def test_the_stream_is_what_the_sdk_parses() -> None:
     assert (final.usage.input_tokens, final.usage.output_tokens) == (7, 30)
     assert events[0]["type"] == "response.created" and events[1]["type"] == (
         "response.in_progress")
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [item.get("status") for item in done] == [None, "completed", "completed",
+                                                      "completed"]
 
 
 def test_a_capped_answer_is_incomplete_and_custom_calls_carry_input() -> None:
