@@ -5,7 +5,6 @@ through the real sampling path, read by the official anthropic and openai SDKs."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
