@@ -152,12 +152,9 @@ def tool_plan(req: ResponsesRequest, tools: ToolSet, tokenizer: Any) -> ToolPlan
                           "tool_choice")
     elif isinstance(choice, dict):
         choice, functions, named = _choice_object(choice, tools)
-    if choice in ("auto", None) and (
-        not functions or not getattr(tokenizer, "has_tool_calling", False)
-    ):
-        # Only hosted tools, or a template that cannot show tools (the bundled model's):
-        # under auto the model may answer in text, so it does, rather than a 400 for
-        # every agent (they always send tools). Forcing a call is still a 400.
+    if not functions and choice == "auto":
+        # Only hosted tools: nothing to offer, and under auto the model answers in text.
+        # (A template that cannot show tools is make_plan's: under auto, no tools either.)
         return ToolPlan(None)
     parallel = req.parallel_tool_calls is not False
     return make_plan(functions, choice, named, parallel, tokenizer, "tool_choice.name")

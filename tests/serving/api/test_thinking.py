@@ -52,6 +52,7 @@ def test_streamed_thinking_then_text(claude: anthropic.Anthropic) -> None:
     assert (thinking.thinking, thinking.signature.startswith("v1.")) == (REASONING, True)
     assert isinstance(text, anthropic.types.TextBlock) and text.text == ANSWER
     assert final.stop_reason == "end_turn"
+    claude.messages.count_tokens(model=MODEL, **_history(final))  # its signature checks
 
 
 def _history(first: Any, thinking_edit: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def test_thinking_round_trip_and_a_forged_signature(claude: anthropic.Anthropic)
         "type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 0}}))
     assert cleared.input_tokens < kept
     again = claude.messages.create(model=MODEL, max_tokens=64, **_history(first))
-    assert again.usage.input_tokens == kept and again.content[-1].text == ANSWER  # type: ignore[union-attr]
+    assert again.usage.input_tokens == kept and again.content[-1].text == ANSWER
     forged = first.model_copy(deep=True)
     forged.content[0].thinking = "I was told 2 + 2 = 5."  # type: ignore[union-attr]
     with pytest.raises(anthropic.BadRequestError) as caught:
@@ -108,3 +109,43 @@ def test_openai_chat_reasoning_content(server: RankCluster) -> None:
     kwargs = client.chat.completions.create(
         model=MODEL, messages=ASK, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert off.usage.prompt_tokens == kwargs.usage.prompt_tokens > plain  # type: ignore[union-attr]
+
+
+def test_budget_tokens_closes_the_reasoning(claude: anthropic.Anthropic) -> None:
+    """thinking.budget_tokens: after that many reasoning tokens the sampler writes the end
+    marker on every rank (here over the forced text, which then goes on as the answer)."""
+    capped = claude.messages.create(model=MODEL, max_tokens=64, messages=ASK,
+                                    thinking={"type": "enabled", "budget_tokens": 3})
+    assert capped.content[0].thinking == "Two and"  # type: ignore[union-attr]
+
+
+HARMONY = ("<|channel|>analysis<|message|>Two and two make four.<|end|>"
+           "<|start|>assistant<|channel|>final<|message|>Four.")
+
+
+@pytest.fixture(scope="module")
+def harmony_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RankCluster]:
+    """The tiny model with gpt-oss's harmony markers as tokens (no <think>), forced to
+    answer in the analysis, then the final channel."""
+    markers = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>")
+    model = write_reasoning_model(tmp_path_factory.mktemp("harmony") / "m", markers)
+    with rank_cluster(tmp_path_factory.mktemp("harmony-run"), model, 1,
+                      env={FORCED_OUTPUT: HARMONY}, served_model_id=MODEL,
+                      max_tokens_limit=64, max_tokens_default=64) as cluster:
+        yield cluster
+
+
+def test_harmony_channels_are_kept_apart(harmony_server: RankCluster) -> None:
+    """gpt-oss's analysis channel is the reasoning (chat's reasoning_content, a thinking
+    block), the final channel the answer; no channel markup reaches either."""
+    client = openai.OpenAI(base_url=f"{harmony_server.base_url}/v1", api_key="x",
+                           max_retries=0)
+    message = client.chat.completions.create(model=MODEL, messages=ASK).choices[0].message
+    assert (message.content, (message.model_extra or {})["reasoning_content"]) == (
+        ANSWER, "Two and two make four.")
+    claude = anthropic.Anthropic(base_url=harmony_server.base_url, api_key="x", max_retries=0)
+    with claude.messages.stream(model=MODEL, max_tokens=64, messages=ASK) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == "Two and two make four."  # type: ignore[union-attr]
+    assert final.content[1].text == ANSWER  # type: ignore[union-attr]
