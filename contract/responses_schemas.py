@@ -79,7 +79,7 @@ class OutputMessage(msgspec.Struct, tag="message", tag_field="type"):
     role: str = "assistant"
 
 
-class FunctionCallItem(msgspec.Struct, tag="function_call", tag_field="type", omit_defaults=True):
+class FunctionCallItem(msgspec.Struct, tag="function_call", tag_field="type"):
     id: str
     call_id: str
     name: str
