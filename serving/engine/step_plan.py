@@ -51,6 +51,10 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
     frequency_penalty: float = 0.0
     logit_bias: list[tuple[int, float]] = []  # (token id, bias), in the client's order
     forced: list[int] = []  # test aid (serving/faults.py): tokens to emit, then EOS
+    # Structured outputs: an llguidance grammar (serving/api/structured.py makes it from a
+    # JSON schema), "" for none. Every rank compiles it and masks its sampler with it
+    # (serving/engine/grammar.py). Last, so an older plan without it still decodes.
+    grammar: str = ""
 
 
 class Insert(msgspec.Struct, frozen=True, array_like=True):
