@@ -18,6 +18,7 @@ from mlx_lm import load
 from serving.api.structured import json_grammar
 from serving.engine.batch import MirroredBatch
 from serving.engine.grammar import GrammarCompiler, GrammarMask
+from serving.engine.speculative import Speculator
 from serving.engine.step_plan import Insert, SamplingParams
 
 SCHEMA: dict[str, Any] = {
@@ -120,3 +121,21 @@ def test_a_sequence_without_a_usable_grammar_ends_at_once() -> None:
     mask = GrammarMask(None, 10, eos_token_id=3)
     out = mask(mx.array([1, 2]), mx.zeros((1, 10)))
     assert np.isfinite(np.array(out)).nonzero()[1].tolist() == [3]
+
+
+def test_a_constrained_sequence_never_speculates() -> None:
+    """No draft slots for a sequence with a grammar, even alone (its steps are normal
+    decode steps); the same request without one gets them."""
+    spec = Speculator(4, metrics=None, draft=DraftStub())
+    assert spec.slots_for([params("grammar")], changes_batch=False) == 0
+    assert spec.slots_for([params()], changes_batch=False) == 4
+
+
+class DraftStub:
+    """A draft model's interface: slots_for only resets it."""
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        return []
+
+    def reset(self) -> None:
+        pass
