@@ -10,7 +10,7 @@ serving/api/validation.py refuses the values this server does not honour.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -68,6 +68,20 @@ class NamedToolChoice(msgspec.Struct, forbid_unknown_fields=True):
     function: NamedFunction
 
 
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    """Structured outputs: the answer is JSON valid against `schema` (serving/api/structured.py)."""
+
+    name: str
+    schema: dict[str, Any] | None = None  # None: any JSON object
+    description: str | None = None
+    strict: bool | None = None  # true: a keyword the grammar cannot enforce is a 400
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None  # with type json_schema
+
+
 class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Fields chat and text completions share."""
 
@@ -93,8 +107,8 @@ class SamplingFields(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_p: float | None = None
     logprobs: bool | int | None = None  # chat: a bool; completions: how many top tokens
     top_logprobs: int | None = None  # chat only
-    # Accepted only as {"type": "text"} (validation.py).
-    response_format: dict[str, Any] | None = None
+    # Structured outputs: a grammar mask in the sampler on every rank.
+    response_format: ResponseFormat | None = None
     # llama.cpp server's name: true adds `timings` to the answer (its final chunk when
     # streamed). Off by default, so an answer is OpenAI's shape only.
     timings_per_token: bool | None = None

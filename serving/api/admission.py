@@ -12,6 +12,7 @@ from litestar import Request
 from contract.openai_schemas import ChatCompletionRequest, SamplingFields
 from serving.api.generation import Admitted, admit, random_seed, ready
 from serving.api.state import ServedModel, ServingState
+from serving.api.structured import response_format_grammar
 from serving.api.validation import (
     check_request,
     decode_body,
@@ -67,4 +68,5 @@ def sampling_params(fields: SamplingFields, max_tokens: int, model: ServedModel)
         frequency_penalty=fields.frequency_penalty or 0.0,
         logit_bias=logit_bias_pairs(fields.logit_bias, model.vocab_size),
         forced=model.forced_output,
+        grammar=response_format_grammar(fields.response_format),
     )

@@ -20,7 +20,6 @@ _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]+)`")
 # Fields clients send that this server honours only with these (neutral) values.
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "response_format": (None, {"type": "text"}),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),

@@ -19,6 +19,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.generate_utils import BatchStats
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from serving.engine.grammar import GrammarCompiler
 from serving.engine.sampling import make_request_processors, make_request_sampler
 from serving.engine.step_plan import Insert
 
@@ -51,8 +52,10 @@ class MirroredBatch:
         prefill_step_size: int,
         prompt_cache_size: int = 0,
         prompt_cache_bytes: int = 1 << 62,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        self.grammars = grammars  # structured outputs' masks (None: grammars are ignored)
         self.max_prefill_chunk = prefill_step_size
         self.eos_token_id = min(eos_token_ids, default=0)  # what a forced output ends with
         self.generator = BatchGenerator(
@@ -99,7 +102,8 @@ class MirroredBatch:
             all_tokens=[done for _, _, done in reuse],
             samplers=[make_request_sampler(ins.params, self.vocab_size) for ins in inserts],
             logits_processors=[
-                make_request_processors(ins.params, self.eos_token_id) for ins in inserts
+                make_request_processors(ins.params, self.eos_token_id, self.grammars)
+                for ins in inserts
             ],
         )
         self.active.update(zip(uids, (len(done) for _, _, done in reuse), strict=True))

@@ -20,6 +20,7 @@ from mlx_lm.sample_utils import (
     make_logits_processors,
 )
 
+from serving.engine.grammar import GrammarCompiler
 from serving.engine.reasoning_budget import reasoning_budget
 from serving.engine.step_plan import SamplingParams
 
@@ -65,9 +66,10 @@ class SeededSampler:
 
 
 def make_request_processors(
-    params: SamplingParams, eos_token_id: int
+    params: SamplingParams, eos_token_id: int, grammars: GrammarCompiler | None = None
 ) -> list[LogitsProcessor]:
-    """The request's logits processors (empty for plain sampling: the fast path)."""
+    """The request's logits processors (empty for plain sampling: the fast path). A
+    grammar's mask comes after the penalties and bias, so what they leave is masked."""
     processors: list[LogitsProcessor] = list(
         make_logits_processors(
             logit_bias=dict(params.logit_bias) or None,
@@ -78,6 +80,8 @@ def make_request_processors(
             frequency_penalty=params.frequency_penalty or None,
         )
     )
+    if params.grammar and grammars is not None:
+        processors.append(grammars.processor(params.grammar))
     if params.forced:
         processors.append(_forcing([*params.forced, eos_token_id]))
     if params.reasoning_budget >= 0 and params.think_end:  # after forcing: a ceiling wins

@@ -15,7 +15,8 @@ hardware verifies k+1 tokens in about the time of one. With several sequences a 
 already reads the weights once for all of them, verifying drafts would multiply the
 compute of every sequence by k+1, and a shared forward would need per-sequence trims
 of mlx-lm's batch cache; normal batched steps serve them. Requests with penalties or
-logit bias take normal steps too (their processors see one token at a time).
+logit bias or a grammar (structured outputs) take normal steps too (their processors
+see one token at a time).
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def check_model(model: nn.Module) -> None:
 
 
 def wants_speculation(params: SamplingParams) -> bool:
-    """A request speculation serves: greedy or sampled, no logits processors of any kind."""
+    """A request speculation serves: greedy or sampled, no logits processors of any kind
+    (a grammar's mask included: a constrained sequence takes normal steps, no drafts)."""
     return (
-        not params.forced and not params.logit_bias
+        not params.forced and not params.logit_bias and not params.grammar
         and params.repetition_penalty == 1.0 and not params.presence_penalty
         and not params.frequency_penalty and params.reasoning_budget < 0
     )

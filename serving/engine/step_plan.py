@@ -57,6 +57,10 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
     think_start: list[int] = []
     think_end: list[int] = []
     in_reasoning: bool = False
+    # Structured outputs: an llguidance grammar (serving/api/structured.py makes it from a
+    # JSON schema), "" for none. Every rank compiles it and masks its sampler with it
+    # (serving/engine/grammar.py). Last, so an older plan without it still decodes.
+    grammar: str = ""
 
 
 class Insert(msgspec.Struct, frozen=True, array_like=True):

@@ -14,6 +14,7 @@ from contract.exit_codes import RankExit
 from contract.settings import RankSettings
 from serving.distributed import DistributedEnv, barrier, init_group, is_peer_lost
 from serving.engine.batch import MirroredBatch
+from serving.engine.grammar import GrammarCompiler
 from serving.engine.speculative import SpeculationUnsupported, check_model
 from serving.faults import FaultPlan
 from serving.machine import ranks_on_machine
@@ -66,6 +67,9 @@ def make_batch(
         serving.prefill_step_size,
         serving.prompt_cache_size,
         prompt_cache_bytes(settings, group, _cache_layers(settings, loaded, group)),
+        # Every rank builds its own: the plan carries the grammar, never a mask.
+        GrammarCompiler(
+            loaded.tokenizer._tokenizer, loaded.vocab_size, list(loaded.tokenizer.eos_token_ids)),
     )
 
 

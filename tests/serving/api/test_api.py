@@ -229,8 +229,10 @@ BAD_BODIES = [
     ({"model": MODEL, "messages": chat("x"), "logprobs": True, "top_logprobs": 21},
      "top_logprobs"),
     ({"model": MODEL, "messages": chat("x"), "top_logprobs": 2}, "top_logprobs"),
-    ({"model": MODEL, "messages": chat("x"), "response_format": {"type": "json_object"}},
-     "response_format"),
+    ({"model": MODEL, "messages": chat("x"), "response_format": {"type": "json_schema"}},
+     "response_format.json_schema"),
+    ({"model": MODEL, "messages": chat("x"), "response_format": {"type": "xml"}},
+     "response_format.type"),
     ({"model": MODEL, "messages": chat("x"), "audio": {"voice": "alloy"}}, "audio"),
     ({"model": MODEL, "messages": chat("x"), "tool_choice": "required", "tools": [
         {"type": "function", "function": {"name": "f"}}]}, "tools"),
