@@ -24,6 +24,9 @@ BUNDLED_MODEL = "ORCHESTRATOR_TESTS_REQUIRE_BUNDLED_MODEL"
 PACKAGE_INDEX = "ORCHESTRATOR_TESTS_REQUIRE_PACKAGE_INDEX"
 # systemd-analyze, which checks the units `orchestrator service install` writes.
 SYSTEMD = "ORCHESTRATOR_TESTS_REQUIRE_SYSTEMD"
+# The coding-agent CLIs of tests/clients/package-lock.json (`npm ci` there), a Node that
+# runs them, and strace, which records every connection they attempt.
+AGENT_CLIS = "ORCHESTRATOR_TESTS_REQUIRE_AGENT_CLIS"
 
 
 def missing(reason: str, env: str) -> NoReturn:
