@@ -42,6 +42,9 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    # An assistant turn's reasoning sent back (vLLM's and DeepSeek's name): the template
+    # decides whether earlier turns' reasoning is shown.
+    reasoning_content: str | None = None
 
 
 class FunctionDefinition(msgspec.Struct, forbid_unknown_fields=True):
@@ -103,6 +106,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Reasoning (serving/api/chat_reasoning.py): "none" / "minimal" turn the template's
+    # thinking switch off, "low" / "medium" / "high" on.
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's own switches
 
 
 class CompletionRequest(SamplingFields, kw_only=True, forbid_unknown_fields=True):
@@ -135,6 +142,7 @@ class AssistantMessage(msgspec.Struct, omit_defaults=True):
     role: str
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # the reasoning, kept apart (absent: none)
 
 
 class TopLogprob(msgspec.Struct):
@@ -188,6 +196,7 @@ class ToolCallDelta(msgspec.Struct):
 class Delta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

@@ -26,7 +26,7 @@ from contract.placement import Placement
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
-from orchestrator.launch import launch_secret
+from orchestrator.launch import launch_secret, thinking_key
 from orchestrator.launch.adoption import adopt_or_clear, launch_record
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
@@ -257,6 +257,8 @@ class Service:
     def _new_gang(self, pool: NodePool) -> Gang:
         fingerprints = pool.fingerprints()
         plan = build_plan(self.spec, new_launch_id(), fingerprints, self.placement)
+        thinking_key.give_to_rank0(
+            plan, thinking_key.ensure(self.spec.state_dir, self.spec.cluster.name))
         return Gang(plan, pool, launch_record(self.spec, plan, fingerprints))
 
     def _record_launch(self, gang: Gang) -> None:

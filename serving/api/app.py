@@ -1,4 +1,5 @@
-"""create_app(): rank 0's internal API (OpenAI's, and Anthropic's Messages)."""
+"""create_app(): rank 0's internal API (OpenAI's chat, completions and Responses;
+Anthropic's Messages)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from serving.api.completions import CompletionsController
 from serving.api.errors import EXCEPTION_HANDLERS
 from serving.api.launch_secret import require_launch_secret
 from serving.api.messages import MessagesController
+from serving.api.responses import ResponsesController
 from serving.api.state import ServingState
 from serving.api.system import HealthController, MetricsController, ModelsController
 
@@ -20,7 +22,8 @@ def create_app(serving: ServingState) -> Litestar:
             Router(
                 "/",
                 route_handlers=[
-                    ChatController, CompletionsController, MessagesController, ModelsController,
+                    ChatController, CompletionsController, MessagesController, ResponsesController,
+                    ModelsController,
                 ],
                 guards=[require_launch_secret],
             ),

@@ -24,9 +24,11 @@ from contract.openai_schemas import (
     Usage,
 )
 from serving.api.admission import admit_openai
+from serving.api.chat_reasoning import template_kwargs
 from serving.api.errors import invalid
 from serving.api.generation import Collected
 from serving.api.logprobs import chat_logprobs as logprobs_body
+from serving.api.reasoning import CONTENT, Part, ReasoningSplitter
 from serving.api.sse import stream_events, usage_of
 from serving.api.state import ServingState
 from serving.api.timings import timings_of
@@ -35,11 +37,13 @@ from serving.api.validation import chat_messages
 from serving.engine.requests import Finished, TextDelta, TokenLogprob
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: ToolPlan) -> list[int]:
-    """The chat template's tokens; a call that must be made starts in the prompt."""
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: ToolPlan,
+                  template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """The chat template's tokens; a call that must be made starts in the prompt.
+    `template_kwargs`: the template's own switches (`enable_thinking` ...)."""
     try:
         prompt = tokenizer.apply_chat_template(
-            messages, tools=tools.tools, add_generation_prompt=True
+            messages, tools=tools.tools, add_generation_prompt=True, **(template_kwargs or {})
         )
     except Exception as exc:  # jinja2 raises its own errors (raise_exception in templates)
         raise invalid(f"The chat template refused these messages: {exc}", "messages") from exc
@@ -53,10 +57,13 @@ class ChatPrompt:
     """Renders a chat request's prompt, keeping the tool plan the answer is parsed with."""
 
     tools: ToolPlan = field(default_factory=lambda: ToolPlan(None))
+    tokens: list[int] = field(default_factory=list)
 
     def __call__(self, req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
         self.tools = plan_tools(req, tokenizer)
-        return render_prompt(tokenizer, chat_messages(req), self.tools)
+        self.tokens = render_prompt(tokenizer, chat_messages(req), self.tools,
+                                    template_kwargs(req))
+        return self.tokens
 
 
 def finish_reason(done: Finished, calls: list[ToolCall]) -> str:
@@ -73,6 +80,7 @@ class ChatAnswer:
     tokenizer: Any
     top: int | None  # logprobs asked for: top tokens per token; None for none
     calls: ToolCallStream
+    reasoning: ReasoningSplitter  # runs first: calls are parsed from the content only
     pending: list[TokenLogprob] = field(default_factory=list)  # of text not sent yet
 
     def logprobs(self, items: list[TokenLogprob]) -> ChatLogprobs | None:
@@ -88,11 +96,21 @@ class ChatAnswer:
 
     def delta(self, event: TextDelta) -> list[object]:
         self.pending.extend(event.logprobs)
-        return self._pieces(*self.calls.feed(event.text))
+        return self._parts(self.reasoning.feed(event.text))
 
     def final(self, done: Finished) -> list[object]:
         ending = self.chunk(Delta(), finish_reason(done, self.calls.calls))
-        return [*self._pieces(*self.calls.finish()), ending]
+        rest = self._parts(self.reasoning.finish())
+        return [*rest, *self._pieces(*self.calls.finish()), ending]
+
+    def _parts(self, parts: list[Part]) -> list[object]:
+        out: list[object] = []
+        for part in parts:
+            if part.kind == CONTENT:
+                out += self._pieces(*self.calls.feed(part.text))
+            else:
+                out.append(self.chunk(Delta(reasoning_content=part.text)))
+        return out
 
     def usage(self, usage: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(self.rid, self.created, self.model_id, [], usage)
@@ -113,11 +131,13 @@ class ChatAnswer:
         return out
 
     def whole(self, got: Collected) -> ChatCompletion:
-        content, made = self.calls.feed(got.text)
+        parts = [*self.reasoning.feed(got.text), *self.reasoning.finish()]
+        content, made = self.calls.feed("".join(p.text for p in parts if p.kind == CONTENT))
         rest, more = self.calls.finish()
         content, made = content + rest, made + more
         message = AssistantMessage(
-            "assistant", content if content or not made else None, made or None
+            "assistant", content if content or not made else None, made or None,
+            self.reasoning.reasoning or None,
         )
         reason = finish_reason(got.finished, made)
         choice = ChatChoice(0, message, reason, self.logprobs(got.logprobs))
@@ -138,6 +158,7 @@ class ChatController(Controller):
         answer = ChatAnswer(
             f"chatcmpl-{admitted.request_id}", admitted.created, serving.model_id,
             tokenizer, got.top, ToolCallStream(tokenizer, prompt.tools),
+            ReasoningSplitter.for_prompt(tokenizer, prompt.tokens),
         )
         if not req.stream:
             whole = await admitted.collect(request)

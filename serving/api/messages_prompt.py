@@ -12,31 +12,29 @@ from contract.anthropic_schemas import (
     MessagesRequest,
     PromptFields,
     TextBlock,
+    ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from serving.api.errors import invalid, model_not_found
 from serving.api.generation import random_seed
+from serving.api.messages_thinking import ThinkingPlan, thinking_plan
 from serving.api.state import ServedModel
 from serving.api.tool_calls import ToolPlan, make_plan
 from serving.engine.step_plan import SamplingParams
 
 TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "required", "none": "none"}
 SERVICE_TIERS = (None, "auto", "standard_only")  # no effect here: one tier
+SPEEDS = (None, "standard", "fast")  # no effect here: one speed
 MAX_STOP_SEQUENCES = 16
 
 
-def check_prompt_fields(req: PromptFields, served: str) -> None:
+def check_prompt_fields(req: PromptFields, served: str) -> ThinkingPlan:
     """What /v1/messages and its count_tokens share: model, thinking, tools, tool_choice."""
     if req.model != served:
         raise model_not_found(req.model)
     if not req.messages:
         raise invalid("messages must not be empty", "messages")
-    if req.thinking is not None and req.thinking.type != "disabled":
-        raise invalid(
-            "extended thinking is not supported by this server; leave out thinking",
-            "thinking", "unsupported_parameter",
-        )
     for i, tool in enumerate(req.tools or []):
         if tool.type not in (None, "custom"):
             raise invalid(
@@ -51,10 +49,11 @@ def check_prompt_fields(req: PromptFields, served: str) -> None:
         if (choice.type == "tool") != (choice.name is not None):
             raise invalid("tool_choice.name is given with type 'tool', and only then",
                           "tool_choice.name")
+    return thinking_plan(req)
 
 
-def check_request(req: MessagesRequest, served: str) -> None:
-    check_prompt_fields(req, served)
+def check_request(req: MessagesRequest, served: str) -> ThinkingPlan:
+    plan = check_prompt_fields(req, served)
     if req.max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")
     if req.temperature is not None and not 0 <= req.temperature <= 1:
@@ -70,6 +69,9 @@ def check_request(req: MessagesRequest, served: str) -> None:
     if req.service_tier not in SERVICE_TIERS:
         raise invalid(f"service_tier must be auto or standard_only, got {req.service_tier!r}",
                       "service_tier")
+    if req.speed not in SPEEDS:
+        raise invalid(f"speed must be standard or fast, got {req.speed!r}", "speed")
+    return plan
 
 
 def max_tokens(req: MessagesRequest, prompt_tokens: int, model: ServedModel, limit: int) -> int:
@@ -91,12 +93,16 @@ def sampling_params(req: MessagesRequest, model: ServedModel, max_tokens: int) -
 
 
 def tool_plan(req: PromptFields, tokenizer: Any) -> ToolPlan:
+    """Deferred tools (`defer_loading`) stay out of the prompt, as Anthropic keeps them
+    out of the model's context, until a tool_result's tool_reference block (the client's
+    own tool search) names them; a call to any tool is still parsed."""
+    loaded = _referenced(req.messages)
     tools = [
         {"type": "function", "function": {
             "name": t.name, "parameters": t.input_schema,
             **({"description": t.description} if t.description is not None else {}),
         }}
-        for t in req.tools or []
+        for t in req.tools or [] if not t.defer_loading or t.name in loaded
     ]
     choice = req.tool_choice
     return make_plan(
@@ -109,20 +115,33 @@ def tool_plan(req: PromptFields, tokenizer: Any) -> ToolPlan:
     )
 
 
-def template_messages(req: PromptFields) -> list[dict[str, Any]]:
+def _referenced(messages: list[InputMessage]) -> set[str]:
+    return {
+        part.tool_name
+        for m in messages if not isinstance(m.content, str)
+        for b in m.content if isinstance(b, ToolResultBlock) and isinstance(b.content, list)
+        for part in b.content if isinstance(part, ToolReferenceBlock)
+    }
+
+
+def template_messages(req: PromptFields, reasoning: dict[int, str]) -> list[dict[str, Any]]:
     """The chat template's messages: the system prompt, then each turn; a user turn's
-    tool_result blocks become `tool` messages, an assistant's tool_use blocks its calls."""
+    tool_result blocks become `tool` messages, an assistant's tool_use blocks its calls,
+    its kept thinking (`reasoning`, by message index) its `reasoning_content`."""
     out: list[dict[str, Any]] = []
     if req.system:
         out.append({"role": "system", "content": _text(req.system)})
     for i, message in enumerate(req.messages):
-        out += _turn(i, message)
+        turns = _turn(i, message)
+        if i in reasoning and turns and turns[-1]["role"] == "assistant":
+            turns[-1]["reasoning_content"] = reasoning[i]
+        out += turns
     return out
 
 
 def _turn(i: int, message: InputMessage) -> list[dict[str, Any]]:
     if message.role not in PROMPT_ROLES:
-        raise invalid(f"role must be user or assistant, got {message.role!r}",
+        raise invalid(f"role must be one of {', '.join(PROMPT_ROLES)}, got {message.role!r}",
                       f"messages.{i}.role")
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
@@ -151,5 +170,8 @@ def _turn(i: int, message: InputMessage) -> list[dict[str, Any]]:
     return out
 
 
-def _text(content: str | list[TextBlock]) -> str:
-    return content if isinstance(content, str) else "".join(b.text for b in content)
+def _text(content: str | list[TextBlock] | list[TextBlock | ToolReferenceBlock]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.text if isinstance(b, TextBlock) else f"Tool {b.tool_name} loaded."
+                   for b in content)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ class ServingState:
     model: ServedModel | None = None
     created: int = 0
     launch_secret: str | None = None  # required on /v1 routes (api/launch_secret.py); None: open
+    # Signs thinking blocks (api/thinking_signature.py): the cluster's, from rank 0's files.
+    thinking_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set_ready(self, engine: Engine, model: ServedModel) -> None:

@@ -85,8 +85,9 @@ def check_sampling(req: SamplingFields, max_tokens: int | None, limit: int) -> N
                 field,
                 "unsupported_parameter",
             )
-    if max_tokens is not None and not 1 <= max_tokens <= limit:
-        raise invalid(f"max_tokens must be between 1 and {limit}, got {max_tokens}", "max_tokens")
+    # Above `limit` is no error: admission caps it there (docs/clients.md, "max_tokens").
+    if max_tokens is not None and max_tokens < 1:
+        raise invalid(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise invalid(f"temperature must be in [0, 2], got {req.temperature}", "temperature")
     if req.top_p is not None and not 0 < req.top_p <= 1:
@@ -191,6 +192,8 @@ def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
         message["tool_call_id"] = msg.tool_call_id
     if msg.name is not None:
         message["name"] = msg.name
+    if msg.reasoning_content is not None and msg.role == "assistant":
+        message["reasoning_content"] = msg.reasoning_content
     return message
 
 
@@ -208,7 +211,11 @@ def _template_call(index: int, j: int, call: ToolCall) -> dict[str, Any]:
 
 
 def effective_max_tokens(requested: int | None, settings: RankSettings) -> int:
-    return settings.serving.max_tokens_default if requested is None else requested
+    """One rule in every API: a max_tokens above the server's limit is a ceiling, capped
+    at the limit (the answer's finish reason says `length` if it gets there)."""
+    if requested is None:
+        return settings.serving.max_tokens_default
+    return min(requested, settings.serving.max_tokens_limit)
 
 
 def check_context(

@@ -28,6 +28,7 @@ from contract.rank_env import FORCED_OUTPUT
 from contract.settings import RankSettings
 from serving.api.app import create_app
 from serving.api.state import ServedModel, ServingState
+from serving.api.thinking_signature import load_key
 from serving.distributed import DistributedEnv
 from serving.engine.engine import Engine
 from serving.engine.prefill_pacing import PrefillPacer
@@ -69,6 +70,7 @@ class Rank0:
         self.state = ServingState(
             settings, settings.model.served_id, group.size(), ServingMetrics(),
             created=int(time.time()), launch_secret=launch_secret,
+            thinking_key=load_key(Path.cwd()),
         )
         self.exit_code: int = RankExit.OK
         self.stop_requested = threading.Event()

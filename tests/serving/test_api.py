@@ -211,7 +211,6 @@ BAD_BODIES = [
     ({"model": MODEL, "messages": []}, "messages"),
     ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"model": MODEL, "messages": chat("x"), "max_tokens": 0}, "max_tokens"),
-    ({"model": MODEL, "messages": chat("x"), "max_tokens": 100000}, "max_tokens"),
     ({"model": MODEL, "messages": chat("x"), "temperature": 2.5}, "temperature"),
     ({"model": MODEL, "messages": chat("x"), "temperature": -0.1}, "temperature"),
     ({"model": MODEL, "messages": chat("x"), "top_p": 0}, "top_p"),

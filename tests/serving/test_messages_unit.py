@@ -41,7 +41,7 @@ def test_turns_blocks_and_tool_results_become_template_messages() -> None:
              "content": [{"type": "text", "text": "21 C"}]},
             {"type": "text", "text": "Thanks"}]},
     ])
-    assert template_messages(req) == [
+    assert template_messages(req, {}) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": "Checking.", "tool_calls": [

@@ -1,0 +1,42 @@
+"""The cluster's thinking key on the head (contract/thinking_key.py): drawn once, kept
+0600 in the state dir, put into every launch's rank 0 files so that every rank 0 of the
+cluster, across restarts, signs and checks thinking blocks with the same key."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from contract import thinking_key
+from orchestrator.launch.plan import LaunchPlan
+
+
+def key_path(state_dir: Path, cluster: str) -> Path:
+    return state_dir / f"{cluster}.thinking-key"
+
+
+def ensure(state_dir: Path, cluster: str) -> str:
+    """The kept key; drawn (256 bits) and written owner-only on first use."""
+    path = key_path(state_dir, cluster)
+    try:
+        kept = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        kept = ""
+    if kept:
+        return kept
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = secrets.token_urlsafe(32)
+    temp = path.with_suffix(f".tmp{os.getpid()}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(key)
+    temp.replace(path)
+    return key
+
+
+def give_to_rank0(plan: LaunchPlan, key: str) -> None:
+    """Rank 0's files carry the key (only rank 0 answers the API)."""
+    for rank in plan.ranks:
+        if rank.rank == 0:
+            rank.files = {**rank.files, thinking_key.FILE: key}

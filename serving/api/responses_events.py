@@ -1,0 +1,166 @@
+"""One response's output items, built as the engine's text arrives, each step also an event
+of the Responses stream in the order OpenAI's SDK and Codex CLI parse it:
+
+    response.created, response.in_progress,
+    per text run: output_item.added (message), content_part.added, output_text.delta...,
+        output_text.done, content_part.done, output_item.done,
+    per call: output_item.added (function_call), function_call_arguments.delta,
+        function_call_arguments.done, output_item.done (custom tools: custom_tool_call_input.*),
+    response.completed, or response.incomplete (the output cap), or response.failed.
+
+A whole (not streamed) answer is the same build with its events dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from contract.openai_schemas import ToolCall
+from contract.responses_schemas import (
+    ArgumentsDeltaEvent,
+    ArgumentsDoneEvent,
+    ContentPartEvent,
+    CustomToolCallItem,
+    FunctionCallItem,
+    IncompleteDetails,
+    Lifecycle,
+    OutputItem,
+    OutputItemEvent,
+    OutputMessage,
+    OutputText,
+    Response,
+    ResponseError,
+    ResponseUsage,
+    TextDeltaEvent,
+    TextDoneEvent,
+    responses_event,
+)
+from serving.engine.requests import Finished
+
+CallItem = FunctionCallItem | CustomToolCallItem
+
+
+@dataclass
+class ResponseBuild:
+    """`template`: the response as created (its echoed request fields, no output yet);
+    `item_of`: a parsed call as its output item; `new_id`: ids of the items."""
+
+    template: Response
+    item_of: Callable[[ToolCall], CallItem]
+    new_id: Callable[[str], str]
+    items: list[OutputItem] = field(default_factory=list)
+    sequence: int = 0
+    _message: OutputMessage | None = None
+
+    def _event(self, payload: msgspec.Struct) -> bytes:
+        payload.sequence_number = self.sequence  # type: ignore[attr-defined]
+        self.sequence += 1
+        return responses_event(payload)
+
+    def _lifecycle(self, kind: str, response: Response) -> bytes:
+        return self._event(Lifecycle(type=kind, response=response))
+
+    def start(self) -> list[bytes]:
+        return [self._lifecycle("response.created", self.template),
+                self._lifecycle("response.in_progress", self.template)]
+
+    def add(self, text: str, calls: list[ToolCall]) -> list[bytes]:
+        """A run of answer text (opening a message item) and calls that completed."""
+        out: list[bytes] = []
+        if text:
+            out += self._open_message()
+            out.append(self._event(TextDeltaEvent(
+                type="response.output_text.delta", item_id=self._id(),
+                output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=[],
+            )))
+            assert self._message is not None
+            self._message.content[0].text += text
+        for call in calls:
+            out += self._close_message("completed") + self._call(self.item_of(call))
+        return out
+
+    def _id(self) -> str:
+        assert self._message is not None
+        return self._message.id
+
+    def _open_message(self) -> list[bytes]:
+        if self._message is not None:
+            return []
+        self._message = OutputMessage(self.new_id("msg"), "in_progress", [])
+        self.items.append(self._message)
+        at, part = len(self.items) - 1, OutputText("")
+        added = OutputItemEvent(type="response.output_item.added", sequence_number=0,
+                                output_index=at, item=self._message)
+        first = self._event(added)
+        self._message.content.append(part)
+        return [first, self._event(ContentPartEvent(
+            type="response.content_part.added", item_id=self._id(),
+            output_index=at, content_index=0, part=OutputText("")))]
+
+    def _close_message(self, status: str) -> list[bytes]:
+        message, self._message = self._message, None
+        if message is None:
+            return []
+        message.status = status
+        at, text = self.items.index(message), message.content[0].text
+        return [
+            self._event(TextDoneEvent(type="response.output_text.done", item_id=message.id,
+                                      output_index=at, content_index=0, text=text,
+                                      logprobs=[])),
+            self._event(ContentPartEvent(type="response.content_part.done", item_id=message.id,
+                                         output_index=at, content_index=0,
+                                         part=OutputText(text))),
+            self._event(OutputItemEvent(type="response.output_item.done", sequence_number=0,
+                                        output_index=at, item=message)),
+        ]
+
+    def _call(self, item: CallItem) -> list[bytes]:
+        at = len(self.items)
+        self.items.append(item)
+        custom = isinstance(item, CustomToolCallItem)
+        value = item.input if isinstance(item, CustomToolCallItem) else item.arguments
+        opening = msgspec.structs.replace(item, status="in_progress", **(
+            {"input": ""} if custom else {"arguments": ""}))
+        kind = "response.custom_tool_call_input" if custom else "response.function_call_arguments"
+        done = ArgumentsDoneEvent(type=f"{kind}.done", item_id=item.id, output_index=at)
+        if custom:
+            done.input = value
+        else:
+            done.arguments, done.name = value, item.name
+        return [
+            self._event(OutputItemEvent(type="response.output_item.added", sequence_number=0,
+                                        output_index=at, item=opening)),
+            self._event(ArgumentsDeltaEvent(type=f"{kind}.delta", item_id=item.id,
+                                             output_index=at, delta=value)),
+            self._event(done),
+            self._event(OutputItemEvent(type="response.output_item.done", sequence_number=0,
+                                        output_index=at, item=item)),
+        ]
+
+    def finish(self, done: Finished) -> list[bytes]:
+        """Closes the open item; response.completed, or response.incomplete at the cap."""
+        capped = done.finish_reason == "length"
+        out = self._close_message("incomplete" if capped else "completed")
+        response = self.final(done)
+        kind = "response.incomplete" if capped else "response.completed"
+        return [*out, self._lifecycle(kind, response)]
+
+    def final(self, done: Finished) -> Response:
+        capped = done.finish_reason == "length"
+        usage = ResponseUsage(done.prompt_tokens, done.completion_tokens,
+                              done.prompt_tokens + done.completion_tokens)
+        return msgspec.structs.replace(
+            self.template, status="incomplete" if capped else "completed", output=self.items,
+            usage=usage,
+            incomplete_details=IncompleteDetails("max_output_tokens") if capped else None,
+        )
+
+    def fail(self, code: str, message: str) -> list[bytes]:
+        """response.failed: the engine stopped mid-way (timeout, shutdown)."""
+        out = self._close_message("incomplete")
+        response = msgspec.structs.replace(self.template, status="failed", output=self.items,
+                                           error=ResponseError(code, message))
+        return [*out, self._lifecycle("response.failed", response)]
