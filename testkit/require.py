@@ -32,6 +32,9 @@ SYSTEMD = "ORCHESTRATOR_TESTS_REQUIRE_SYSTEMD"
 OPENBLAS = "ORCHESTRATOR_TESTS_REQUIRE_OPENBLAS"
 # Root: the checks that give a file to another user or run a probe as `nobody`.
 ROOT = "ORCHESTRATOR_TESTS_REQUIRE_ROOT"
+# The coding-agent CLIs of tests/clients/package-lock.json (`npm ci` there), a Node that
+# runs them, and strace, which records every connection they attempt.
+AGENT_CLIS = "ORCHESTRATOR_TESTS_REQUIRE_AGENT_CLIS"
 
 
 def missing(reason: str, env: str) -> NoReturn:
