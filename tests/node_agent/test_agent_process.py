@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from contract.agent_protocol import PROTOCOL_VERSION
+from testkit import paths
 from testkit.agent_events import kill_if_alive, wait_gone
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 pytestmark = pytest.mark.timeout(60)
 
 

@@ -18,8 +18,9 @@ from node_agent import fingerprint
 from node_agent.fingerprint import collect_fingerprint, probe_rdma
 from node_agent.probes import macos
 from node_agent.probes.tools import run_tool
+from testkit import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 FIXTURES = ROOT / "tests" / "fixtures" / "node_tools"
 
 

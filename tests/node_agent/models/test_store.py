@@ -20,6 +20,7 @@ from contract.model_manifest import (
 )
 from node_agent.models import store
 from node_agent.models.hashes import CACHE_ENV, HashCache, build_manifest, sha256_file
+from testkit import paths
 from testkit.model_dirs import big_model
 
 
@@ -153,7 +154,7 @@ def test_a_second_sync_of_the_same_path_is_refused_while_one_runs(tmp_path: Path
         "print('locked', flush=True)\n"
         "time.sleep(60)\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = paths.ROOT
     holder = subprocess.Popen(
         [sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True
     )

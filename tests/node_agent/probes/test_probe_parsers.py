@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from node_agent.probes import linux, macos, rdma
+from testkit import paths
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "node_tools"
+FIXTURES = paths.FIXTURES / "node_tools"
 
 
 def fixture(name: str) -> str:

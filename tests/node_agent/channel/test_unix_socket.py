@@ -20,12 +20,12 @@ from node_agent.channel import bridge, unix_socket
 from orchestrator.config import NodeSpec
 from orchestrator.transports.base import AgentOptions
 from orchestrator.transports.local import LocalTransport
-from testkit import require
+from testkit import paths, require
 from testkit.agent_events import kill_if_alive, pid_gone, wait_gone
 from testkit.ports import free_port
 from testkit.require import missing
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 pytestmark = pytest.mark.timeout(60)
 
 
