@@ -97,11 +97,11 @@ class Supervisor:
 
     @property
     def state(self) -> GangState:
-        return self.machine.state
+        return self.view.state
 
     @property
     def reason(self) -> str:
-        return self.machine.reason
+        return self.view.reason
 
     @property
     def restarts(self) -> int:
