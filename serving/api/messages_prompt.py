@@ -21,6 +21,7 @@ from serving.api.generation import random_seed
 from serving.api.messages_thinking import ThinkingPlan, thinking_plan
 from serving.api.reasoning import prompt_opens_reasoning, reasoning_fields
 from serving.api.state import ServedModel
+from serving.api.structured import json_grammar
 from serving.api.tool_calls import ToolPlan, make_plan
 from serving.engine.step_plan import SamplingParams
 
@@ -102,8 +103,21 @@ def sampling_params(req: MessagesRequest, model: ServedModel, max_tokens: int,
         max_tokens=max_tokens,
         seed=random_seed(),
         forced=model.forced_output,
+        grammar=output_format_grammar(req),
         **ceiling,
     )
+
+
+def output_format_grammar(req: MessagesRequest) -> str:
+    """`output_config.format`: the answer constrained to JSON valid against its schema
+    (strict, as Anthropic's structured outputs are); "" without one."""
+    form = req.output_config.format if req.output_config else None
+    if form is None:
+        return ""
+    if form.type != "json_schema":
+        raise invalid("output_config.format.type must be json_schema",
+                      "output_config.format.type")
+    return json_grammar(form.schema, strict=True, param="output_config.format.schema")
 
 
 def tool_plan(req: PromptFields, tokenizer: Any) -> ToolPlan:

@@ -52,10 +52,6 @@ def thinking_plan(req: PromptFields) -> ThinkingPlan:
     if effort is not None and effort not in EFFORT_BUDGETS:
         raise invalid(f"output_config.effort must be one of {', '.join(EFFORT_BUDGETS)}",
                       "output_config.effort")
-    if config is not None and config.format is not None:
-        raise invalid("structured output (output_config.format) is not supported by this "
-                      "server yet; leave it out", "output_config.format",
-                      "unsupported_parameter")
     budget = EFFORT_BUDGETS[effort] if effort else None
     enabled, omitted = None, False
     if thinking is not None:

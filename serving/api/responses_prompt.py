@@ -14,6 +14,7 @@ from serving.api.errors import invalid, model_not_found
 from serving.api.generation import random_seed
 from serving.api.responses_tools import template_name
 from serving.api.state import ServedModel
+from serving.api.structured import json_grammar
 from serving.api.thinking_signature import BadSignature, sign, verify
 from serving.engine.step_plan import SamplingParams
 
@@ -60,7 +61,7 @@ def check_request(req: ResponsesRequest, served: str) -> None:
         if value != ENCRYPTED_REASONING and value not in INCLUDE_NO_EFFECT:
             raise invalid(f"include value {value!r} is not supported here", f"include.{i}",
                           "unsupported_parameter")
-    check_text_format(req)
+    text_format_grammar(req)  # a schema that does not compile: the 400 now
 
 
 @dataclass(frozen=True)
@@ -88,16 +89,14 @@ def text_format(req: ResponsesRequest) -> JsonFormat | None:
     return JsonFormat(form["schema"], strict=form.get("strict") is not False)
 
 
-def check_text_format(req: ResponsesRequest) -> None:
-    """A JSON format needs constrained decoding, which is not wired into this API yet
-    (serving/api/structured.py's json_grammar, on its own branch): a 400 rather than an
-    answer that ignores the schema."""
+def text_format_grammar(req: ResponsesRequest) -> str:
+    """`text.format`: "" for text, else the grammar of its json_object or json_schema
+    (strict unless the format says `strict: false`)."""
     wanted = text_format(req)
-    if wanted is not None:
-        kind = "json_object" if wanted.schema is None else "json_schema"
-        raise invalid(f"text.format {kind} (structured outputs) is not supported by this "
-                      "server yet; leave out text.format", "text.format",
-                      "unsupported_parameter")
+    if wanted is None:
+        return ""
+    param = "text.format" if wanted.schema is None else "text.format.schema"
+    return json_grammar(wanted.schema, strict=wanted.strict, param=param)
 
 
 def wants_encrypted_reasoning(req: ResponsesRequest) -> bool:
@@ -127,6 +126,7 @@ def sampling_params(req: ResponsesRequest, model: ServedModel, cap: int) -> Samp
         max_tokens=cap,
         seed=random_seed(),
         forced=model.forced_output,
+        grammar=text_format_grammar(req),
     )
 
 

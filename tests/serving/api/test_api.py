@@ -438,8 +438,10 @@ def test_anthropic_event_sequence_and_stop_sequence(server: RankCluster) -> None
 
 BAD_MESSAGES = [
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}},
-     "output_config.format"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "nope"}}}}}},
+     "output_config.format.schema"),
+    ({"output_config": {"format": {"type": "yaml", "schema": {}}}}, "output_config.format.type"),
     ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
     ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
      "context_management.edits.0.type"),

@@ -85,8 +85,9 @@ def test_items_become_template_messages() -> None:
 @pytest.mark.parametrize(("fields", "param"), [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "nope"}}}}}},
+     "text.format.schema"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"include": ["message.output_text.logprobs"]}, "include.0"),

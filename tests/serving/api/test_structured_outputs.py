@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import jsonschema_rs
 import openai
 import pytest
@@ -128,3 +129,21 @@ def test_json_schema_at_two_tensor_ranks(tmp_path: Path, tiny_model_dir: Path) -
         assert_valid(structured)
         assert free
         assert_in_step(cluster)
+
+
+def test_messages_output_config_format_and_responses_text_format(single: RankCluster) -> None:
+    """Anthropic's output_config.format (the anthropic SDK) and the Responses API's
+    text.format (the openai SDK) constrain the answer through the same grammar."""
+    messages = anthropic.Anthropic(base_url=single.base_url, api_key="-", max_retries=0)
+    answer = messages.messages.create(
+        model="m", max_tokens=MAX_TOKENS, extra_body={"temperature": 0},  # not in SDK 2.14
+        messages=[{"role": "user", "content": ASK}],
+        output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+    )
+    assert_valid("".join(b.text for b in answer.content if b.type == "text"))
+    response = client(single).responses.create(
+        model="m", input=ASK, max_output_tokens=MAX_TOKENS, temperature=0,
+        text={"format": {"type": "json_schema", "name": "person", "schema": SCHEMA,
+                         "strict": True}},
+    )
+    assert_valid(response.output_text)
