@@ -10,7 +10,6 @@ import struct
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from serving.model.bundled import default_cache_dir
@@ -41,12 +40,12 @@ def chat(url: str, messages: list[dict[str, str]], **fields: object) -> dict[str
 
 def outputs(workdir: Path, model_dir: Path, split: list[int] | None,
             resident: list[int] | None = None) -> list[dict[str, object]]:
-    """The answers; each rank's resident memory once loaded is added to `resident`."""
+    """The answers; each rank's peak resident memory once loaded is added to `resident`."""
     ranks = len(split) if split else 1
     with rank_cluster(workdir, model_dir, ranks, served_model_id="m",
                       pipeline_split=split) as cluster:
         if resident is not None:
-            resident.extend(psutil.Process(p.pid).memory_info().rss for p in cluster.procs)
+            resident.extend(_peak_resident(p.pid) for p in cluster.procs)
         url = cluster.base_url
         first = chat(url, [{"role": "user", "content": PROMPT}], temperature=0)
         sampled = chat(url, [{"role": "user", "content": PROMPT}], **PROCESSED)
@@ -76,11 +75,22 @@ def test_two_rank_pipeline_matches_one_rank(tmp_path: Path, bundled_model_dir: P
     staged: list[int] = []
     single = outputs(tmp_path / "r1", bundled_model_dir, None, whole)
     assert outputs(tmp_path / "p2", bundled_model_dir, [20, 10], staged) == single
-    # Each stage loaded only its layers: a rank holds less than the whole-model rank by at
-    # least half the bytes of the layers it leaves out (rank 0: 10 of 30; rank 1: 20).
+    # Each stage read only its layers: a rank's peak resident memory is below the whole
+    # model's by at least half the bytes of the layers it leaves out (rank 0: 10 of 30;
+    # rank 1: 20).
     layer = _layer_bytes(bundled_model_dir)
+    print(f"peak resident once loaded: whole model {whole[0] / 1e6:.0f} MB, stages "
+          f"{[round(r / 1e6) for r in staged]} MB; a layer {layer / 1e6:.1f} MB")
     for rank, left_out in enumerate((10, 20)):
         assert whole[0] - staged[rank] >= 0.5 * left_out * layer, (rank, whole, staged, layer)
+
+
+def _peak_resident(pid: int) -> int:
+    """The process's peak resident memory (Linux's VmHWM): a rank that read every layer and
+    dropped the others afterwards peaks as high as the whole model's."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    peak = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(peak.split()[1]) * 1024  # "VmHWM:   123456 kB"
 
 
 def _layer_bytes(model_dir: Path) -> float:
