@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from contract.openai_errors import ApiError
 from contract.openai_schemas import ResponseFormat
 from serving.api.errors import invalid
 
@@ -50,18 +51,27 @@ def json_grammar(schema: dict[str, Any] | None, *, strict: bool, param: str) -> 
     raise invalid(f"{param} cannot be compiled{at}: {problem}", param, "invalid_schema")
 
 
+def _llmatcher() -> Any:
+    """llguidance's LLMatcher (imported lazily: only structured requests need it)."""
+    try:
+        from llguidance import LLMatcher
+    except ImportError as exc:  # the server's install, not the client's request
+        raise ApiError(500, "structured outputs need the llguidance package on every node "
+                       "(scripts/setup-venv and `orchestrator bootstrap` install it)") from exc
+    return LLMatcher
+
+
 def _grammar(schema: dict[str, Any], strict: bool) -> str:
-    from llguidance import LLMatcher  # lazy: only structured requests need it
+    LLMatcher = _llmatcher()
 
     overrides = None if strict else {"lenient": True}
     return LLMatcher.grammar_from_json_schema(
-        json.dumps(schema), defaults=JSON_OPTIONS, overrides=overrides)  # type: ignore[arg-type]
+        json.dumps(schema), defaults=JSON_OPTIONS, overrides=overrides)
 
 
 def compile_error(schema: dict[str, Any], strict: bool) -> str | None:
     """llguidance's message when `schema` does not compile, else None."""
-    from llguidance import LLMatcher
-
+    LLMatcher = _llmatcher()
     try:
         grammar = _grammar(schema, strict)
     except (ValueError, TypeError) as exc:  # not serializable, not an object
