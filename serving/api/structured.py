@@ -40,7 +40,17 @@ def json_grammar(schema: dict[str, Any] | None, *, strict: bool, param: str) -> 
     Raises ApiError 400 (invalid_request_error) whose message says what failed and at
     which JSON pointer inside the schema when it can be found, e.g.
     `response_format.json_schema.schema cannot be compiled at /properties/a: Unknown
-    format: weird`. Pure and quick (~1 ms for a small schema): call it from a handler.
+    format: weird`; serving/api/errors.py renders it in each API's error shape (OpenAI's,
+    Anthropic's on /v1/messages). ApiError 500 when llguidance is not installed.
+    Pure and quick (~1 ms for a small schema): call it from a handler.
+
+    Use: `SamplingParams(..., grammar=json_grammar(schema, strict=..., param=...))`;
+    `grammar=""` (the default) is unconstrained. E.g. Anthropic `output_config.format`
+    `{"type": "json_schema", "schema": S}` -> `json_grammar(S, strict=True,
+    param="output_config.format.schema")`; Responses `text.format` `{"type":
+    "json_schema", "name", "schema": S, "strict": b}` -> `json_grammar(S, strict=bool(b),
+    param="text.format.schema")`, `{"type": "json_object"}` -> `json_grammar(None,
+    strict=True, param="text.format")`.
     """
     problem = compile_error(ANY_OBJECT if schema is None else schema, strict)
     if problem is None:
