@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from contract.openai_errors import ApiError
 from contract.openai_schemas import ResponseFormat
 from serving.api.errors import invalid
 
@@ -39,7 +40,17 @@ def json_grammar(schema: dict[str, Any] | None, *, strict: bool, param: str) -> 
     Raises ApiError 400 (invalid_request_error) whose message says what failed and at
     which JSON pointer inside the schema when it can be found, e.g.
     `response_format.json_schema.schema cannot be compiled at /properties/a: Unknown
-    format: weird`. Pure and quick (~1 ms for a small schema): call it from a handler.
+    format: weird`; serving/api/errors.py renders it in each API's error shape (OpenAI's,
+    Anthropic's on /v1/messages). ApiError 500 when llguidance is not installed.
+    Pure and quick (~1 ms for a small schema): call it from a handler.
+
+    Use: `SamplingParams(..., grammar=json_grammar(schema, strict=..., param=...))`;
+    `grammar=""` (the default) is unconstrained. E.g. Anthropic `output_config.format`
+    `{"type": "json_schema", "schema": S}` -> `json_grammar(S, strict=True,
+    param="output_config.format.schema")`; Responses `text.format` `{"type":
+    "json_schema", "name", "schema": S, "strict": b}` -> `json_grammar(S, strict=bool(b),
+    param="text.format.schema")`, `{"type": "json_object"}` -> `json_grammar(None,
+    strict=True, param="text.format")`.
     """
     problem = compile_error(ANY_OBJECT if schema is None else schema, strict)
     if problem is None:
@@ -50,18 +61,27 @@ def json_grammar(schema: dict[str, Any] | None, *, strict: bool, param: str) -> 
     raise invalid(f"{param} cannot be compiled{at}: {problem}", param, "invalid_schema")
 
 
+def _llmatcher() -> Any:
+    """llguidance's LLMatcher (imported lazily: only structured requests need it)."""
+    try:
+        from llguidance import LLMatcher
+    except ImportError as exc:  # the server's install, not the client's request
+        raise ApiError(500, "structured outputs need the llguidance package on every node "
+                       "(scripts/setup-venv and `orchestrator bootstrap` install it)") from exc
+    return LLMatcher
+
+
 def _grammar(schema: dict[str, Any], strict: bool) -> str:
-    from llguidance import LLMatcher  # lazy: only structured requests need it
+    LLMatcher = _llmatcher()
 
     overrides = None if strict else {"lenient": True}
     return LLMatcher.grammar_from_json_schema(
-        json.dumps(schema), defaults=JSON_OPTIONS, overrides=overrides)  # type: ignore[arg-type]
+        json.dumps(schema), defaults=JSON_OPTIONS, overrides=overrides)
 
 
 def compile_error(schema: dict[str, Any], strict: bool) -> str | None:
     """llguidance's message when `schema` does not compile, else None."""
-    from llguidance import LLMatcher
-
+    LLMatcher = _llmatcher()
     try:
         grammar = _grammar(schema, strict)
     except (ValueError, TypeError) as exc:  # not serializable, not an object

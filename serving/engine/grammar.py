@@ -39,24 +39,26 @@ class GrammarCompiler:
 
     def _llg_tokenizer(self) -> Any:
         if self._tokenizer is None and self._unusable is None:
-            import llguidance.hf  # lazy: pulls in transformers' tokenizer classes
-
             try:
+                import llguidance.hf  # lazy: pulls in transformers' tokenizer classes
+
                 self._tokenizer = llguidance.hf.from_tokenizer(
                     self._hf, n_vocab=self.vocab_size, eos_token=self.eos_token_ids)
-            except Exception as exc:  # a slow (non-Rust) tokenizer: every rank fails alike
-                self._unusable = f"this model's tokenizer cannot drive a grammar: {exc}"
+            except Exception as exc:  # a slow (non-Rust) tokenizer, no llguidance installed
+                self._unusable = f"no grammar on this rank: {type(exc).__name__}: {exc}"
                 log.error("%s", self._unusable)
         return self._tokenizer
 
     def processor(self, grammar: str) -> GrammarMask:
         """The mask of one sequence constrained by `grammar`. A grammar that does not
-        compile here (the API checked it, so only a tokenizer problem) ends the sequence
-        at once, alike on every rank, rather than failing the engine."""
-        from llguidance import LLMatcher
-
+        compile here (the API checked it), or no grammar engine on this rank, ends the
+        sequence at once rather than failing the engine."""
         tokenizer = self._llg_tokenizer()
-        matcher = LLMatcher(tokenizer, grammar, log_level=0) if tokenizer is not None else None
+        matcher = None
+        if tokenizer is not None:
+            from llguidance import LLMatcher  # importable: the tokenizer came from it
+
+            matcher = LLMatcher(tokenizer, grammar, log_level=0)
         if matcher is not None and matcher.is_error():
             log.error("grammar does not compile: %s", matcher.get_error())
         return GrammarMask(matcher, self.vocab_size, self.eos_token_ids[0])

