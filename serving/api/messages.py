@@ -205,7 +205,7 @@ class MessagesController(Controller):
         tools = tool_plan(req, model.tokenizer)
         prompt = _prompt(req, thinking, serving, tools)
         cap = max_tokens(req, len(prompt), model, serving.settings.serving.max_tokens_limit)
-        params = sampling_params(req, model, cap)
+        params = sampling_params(req, model, cap, thinking.budget, prompt)
         admitted = admit(serving, prompt, params, req.stop_sequences or [])
         answer = MessageAnswer(
             f"msg_{admitted.request_id}", serving.model_id,

@@ -19,6 +19,7 @@ from contract.anthropic_schemas import (
 from serving.api.errors import invalid, model_not_found
 from serving.api.generation import random_seed
 from serving.api.messages_thinking import ThinkingPlan, thinking_plan
+from serving.api.reasoning import prompt_opens_reasoning, reasoning_fields
 from serving.api.state import ServedModel
 from serving.api.tool_calls import ToolPlan, make_plan
 from serving.engine.step_plan import SamplingParams
@@ -81,7 +82,19 @@ def max_tokens(req: MessagesRequest, prompt_tokens: int, model: ServedModel, lim
     return max(1, min(req.max_tokens, limit, model.context_length - prompt_tokens))
 
 
-def sampling_params(req: MessagesRequest, model: ServedModel, max_tokens: int) -> SamplingParams:
+def sampling_params(req: MessagesRequest, model: ServedModel, max_tokens: int,
+                    budget: int | None = None, prompt: list[int] | None = None,
+                    ) -> SamplingParams:
+    """`budget`: the reasoning's ceiling, applied where the model has think markers."""
+    tokenizer = model.tokenizer
+    ceiling: dict[str, Any] = {}
+    if budget is not None and getattr(tokenizer, "has_thinking", False):
+        ceiling = {
+            "reasoning_budget": min(budget, max_tokens),
+            "think_start": list(tokenizer.think_start_tokens),
+            "think_end": list(tokenizer.think_end_tokens),
+            "in_reasoning": prompt_opens_reasoning(tokenizer, prompt or []),
+        }
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -89,6 +102,7 @@ def sampling_params(req: MessagesRequest, model: ServedModel, max_tokens: int) -
         max_tokens=max_tokens,
         seed=random_seed(),
         forced=model.forced_output,
+        **ceiling,
     )
 
 
@@ -134,7 +148,7 @@ def template_messages(req: PromptFields, reasoning: dict[int, str]) -> list[dict
     for i, message in enumerate(req.messages):
         turns = _turn(i, message)
         if i in reasoning and turns and turns[-1]["role"] == "assistant":
-            turns[-1]["reasoning_content"] = reasoning[i]
+            turns[-1].update(reasoning_fields(reasoning[i]))
         out += turns
     return out
 

@@ -30,6 +30,7 @@ Stable interface (the Messages, chat and Responses APIs use it):
     reasoning, content = split_text(tokenizer, prompt_tokens, whole_text)
     syntax = reasoning_syntax(tokenizer)      # ReasoningSyntax | None
     syntax.kind                               # "think" | "harmony"
+    reasoning_fields(text)                    # an earlier turn's reasoning, for templates
 
 Markers are stripped; whitespace right after a section opens (reasoning) or right after
 reasoning ends (content) is dropped, as the models put a newline there. `feed` holds back
@@ -197,6 +198,12 @@ def _harmony_edges() -> dict[str, list[tuple[str, str]]]:
                  (HARMONY_START, "header"), *stops],
         "between": [(HARMONY_START, "header"), (HARMONY_CHANNEL, "header"), *stops],
     }
+
+
+def reasoning_fields(text: str) -> dict[str, str]:
+    """An earlier assistant turn's reasoning, under the names chat templates read it by:
+    `reasoning_content` (Qwen3, DeepSeek, GLM) and `thinking` (gpt-oss's harmony)."""
+    return {"reasoning_content": text, "thinking": text}
 
 
 def split_text(tokenizer: Any, prompt: list[int], text: str) -> tuple[str, str]:

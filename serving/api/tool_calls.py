@@ -72,6 +72,12 @@ def make_plan(
     if choice == "none":
         return ToolPlan(None)
     if not getattr(tokenizer, "has_tool_calling", False):
+        if choice in (None, "auto"):
+            # Coding agents send tools on every request; under "auto" the model may answer
+            # in text anyway, so a model that cannot call tools answers without them.
+            log.info("this model's template has no tool calling: %d tools left out",
+                     len(tools))
+            return ToolPlan(None)
         raise invalid(
             "This model's chat template does not support tool calling; leave out tools",
             "tools",

@@ -12,6 +12,7 @@ from contract.openai_errors import ApiError
 from contract.openai_schemas import ChatCompletionRequest, ChatMessage, SamplingFields, ToolCall
 from contract.settings import RankSettings
 from serving.api.errors import invalid, model_not_found
+from serving.api.reasoning import reasoning_fields
 
 T = TypeVar("T")
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -193,7 +194,7 @@ def _message(index: int, msg: ChatMessage) -> dict[str, Any]:
     if msg.name is not None:
         message["name"] = msg.name
     if msg.reasoning_content is not None and msg.role == "assistant":
-        message["reasoning_content"] = msg.reasoning_content
+        message.update(reasoning_fields(msg.reasoning_content))
     return message
 
 

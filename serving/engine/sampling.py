@@ -20,6 +20,7 @@ from mlx_lm.sample_utils import (
     make_logits_processors,
 )
 
+from serving.engine.reasoning_budget import reasoning_budget
 from serving.engine.step_plan import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
@@ -79,6 +80,9 @@ def make_request_processors(
     )
     if params.forced:
         processors.append(_forcing([*params.forced, eos_token_id]))
+    if params.reasoning_budget >= 0 and params.think_end:  # after forcing: a ceiling wins
+        processors.append(reasoning_budget(params.reasoning_budget, params.think_start,
+                                           params.think_end, params.in_reasoning))
     return processors
 
 

@@ -66,7 +66,7 @@ def wants_speculation(params: SamplingParams) -> bool:
     return (
         not params.forced and not params.logit_bias
         and params.repetition_penalty == 1.0 and not params.presence_penalty
-        and not params.frequency_penalty
+        and not params.frequency_penalty and params.reasoning_budget < 0
     )
 
 

@@ -51,6 +51,12 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
     frequency_penalty: float = 0.0
     logit_bias: list[tuple[int, float]] = []  # (token id, bias), in the client's order
     forced: list[int] = []  # test aid (serving/faults.py): tokens to emit, then EOS
+    # A ceiling on the reasoning (serving/engine/reasoning_budget.py); -1: none. The
+    # thinking markers' tokens, and whether the prompt opened the reasoning.
+    reasoning_budget: int = -1
+    think_start: list[int] = []
+    think_end: list[int] = []
+    in_reasoning: bool = False
 
 
 class Insert(msgspec.Struct, frozen=True, array_like=True):

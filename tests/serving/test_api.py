@@ -231,8 +231,8 @@ BAD_BODIES = [
     ({"model": MODEL, "messages": chat("x"), "response_format": {"type": "json_object"}},
      "response_format"),
     ({"model": MODEL, "messages": chat("x"), "audio": {"voice": "alloy"}}, "audio"),
-    ({"model": MODEL, "messages": chat("x"), "tools": [{"type": "function",
-      "function": {"name": "f"}}]}, "tools"),
+    ({"model": MODEL, "messages": chat("x"), "tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, "tools"),
 ]
 
 
@@ -433,7 +433,16 @@ def test_anthropic_event_sequence_and_stop_sequence(server: RankCluster) -> None
 
 
 BAD_MESSAGES = [
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}},
+     "output_config.format"),
+    ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+     "context_management.edits.0.type"),
+    ({"speed": "warp"}, "speed"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "t", "signature": "v1.forged"}]}]},
+     "messages.1.content.0.signature"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
      "messages[0].content[0]"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search",
@@ -442,7 +451,7 @@ BAD_MESSAGES = [
     ({"max_tokens": 0}, "max_tokens"),
     ({"top_k": -1}, "top_k"),
     ({"stop_sequences": [""]}, "stop_sequences"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, "messages.0.content.0"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
@@ -462,6 +471,65 @@ def test_anthropic_fields_we_cannot_honour_are_400_naming_them(
     assert isinstance(error, dict) and error["type"] == "error", error
     assert error["error"]["type"] == "invalid_request_error"
     assert param in error["error"]["message"], error
+
+
+# Every field the anthropic SDK 2.14 and Claude Code 2.1.328 send that has no effect here
+# (docs/clients.md, "Request fields"), in the places they send it: each one refused would
+# fail every such request.
+CLAUDE_CODE_FIELDS: dict[str, Any] = {
+    "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral", "ttl": "5m"},
+             "citations": []}]},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                {"type": "text", "text": "ok"}, {"type": "tool_reference", "tool_name": "g"}],
+             "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment",
+                                        "cache_control": {"type": "ephemeral"}}]},
+    ],
+    "metadata": {"user_id": "u"}, "service_tier": "auto", "speed": "standard",
+    "diagnostics": {"previous_message_id": "msg_1"}, "inference_geo": "us",
+    "container": "c", "user_profile_id": "p", "cache_control": {"type": "ephemeral"},
+    "thinking": {"type": "disabled"}, "output_config": {"effort": "low"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "temperature": 0, "top_p": 0.9, "top_k": 40,
+}
+
+
+def test_anthropic_fields_accepted_with_no_effect(server: RankCluster) -> None:
+    """Claude Code's request shape (?beta=true, anthropic-beta, every no-effect field, a
+    system turn inside messages, tool_reference in a tool_result) is answered, alike
+    through the anthropic SDK (sampling parameters through extra_body)."""
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0,
+                                 default_headers={"anthropic-beta": "context-management-"
+                                                  "2025-06-27,effort-2025-11-24"})
+    body = {"model": MODEL, "max_tokens": 4, **CLAUDE_CODE_FIELDS}
+    url = f"{server.base_url}/v1/messages?beta=true"
+    answer = httpx.post(url, json=body, headers={"anthropic-beta": "claude-code-20250219"},
+                        timeout=60)
+    assert answer.status_code == 200, answer.text
+    extra = {k: v for k, v in CLAUDE_CODE_FIELDS.items() if k not in ("messages", "system")}
+    sent = claude.messages.create(model=MODEL, max_tokens=4, system=CLAUDE_CODE_FIELDS["system"],
+                                  messages=CLAUDE_CODE_FIELDS["messages"], extra_body=extra)
+    assert sent.content[0].text == answer.json()["content"][0]["text"]  # type: ignore[union-attr]
+
+
+
+
+def test_anthropic_413_and_chat_max_tokens_above_the_limit(server: RankCluster) -> None:
+    """A body over max_body_bytes on /v1/messages is Anthropic's request_too_large; chat's
+    max_tokens above the server's limit (OpenCode sends 32000) is capped, not refused."""
+    big = httpx.post(f"{server.base_url}/v1/messages", timeout=60, json={
+        "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x" * 100_000}]})
+    assert big.status_code == 413
+    assert big.json()["error"]["type"] == "request_too_large" and big.json()["type"] == "error"
+    capped = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": chat("Say hi"), "max_tokens": 32000, "stop": [" "]})
+    assert capped.status_code == 200, capped.text
 
 
 def test_anthropic_unknown_model_and_route_errors(

@@ -125,8 +125,9 @@ def test_tool_choice_plans() -> None:
                 tool_choice={"type": "function", "function": {"name": "multiply"}}), tok)
     assert named.open_call and [t["function"]["name"] for t in named.tools or []] == ["multiply"]
     no_tools = SimpleNamespace(has_tool_calling=False)
+    assert plan_tools(request(tools=[WEATHER]), no_tools).tools is None  # auto: answers in text
     with pytest.raises(ApiError) as caught:
-        plan_tools(request(tools=[WEATHER]), no_tools)
+        plan_tools(request(tools=[WEATHER], tool_choice="required"), no_tools)
     assert caught.value.body.param == "tools"
 
 

@@ -108,3 +108,52 @@ def test_split_text_reads_the_prompt() -> None:
     )
     assert split_text(tok, [1, 7], "a</think>b") == ("a", "b")
     assert split_text(tok, [1, 7, 8], "a</think>b") == ("", "a</think>b")
+
+
+def test_a_call_after_the_reasoning_is_parsed_and_one_inside_it_is_not() -> None:
+    """The splitter runs before the tool parser: a call in the answer is made, the same
+    markup inside the reasoning stays reasoning."""
+    from mlx_lm.tool_parsers import json_tools
+
+    from serving.api.tool_calls import ToolCallStream, ToolPlan
+
+    tokenizer = SimpleNamespace(has_tool_calling=True, tool_call_start=json_tools.tool_call_start,
+                                tool_call_end=json_tools.tool_call_end,
+                                tool_parser=json_tools.parse_tool_call)
+    weather = {"type": "function", "function": {"name": "w", "parameters": {}}}
+    call = '<tool_call>\n{"name": "w", "arguments": {"city": "Paris"}}\n</tool_call>'
+    text = f"<think>maybe {call}</think>\n\n{call}"
+    splitter, calls = ReasoningSplitter(THINK), ToolCallStream(tokenizer, ToolPlan([weather]))
+    for i in range(0, len(text), 3):
+        for part in splitter.feed(text[i : i + 3]):
+            if part.kind == "content":
+                calls.feed(part.text)
+    calls.finish()
+    assert splitter.reasoning == f"maybe {call}"
+    assert [(c.function.name, c.function.arguments) for c in calls.calls] == [
+        ("w", '{"city": "Paris"}')]
+
+
+def test_chat_reasoning_fields() -> None:
+    """reasoning_effort sets the template's switch unless chat_template_kwargs does; the
+    server's own template arguments cannot be overridden; an unknown effort is a 400."""
+    import msgspec
+
+    from contract.openai_errors import ApiError
+    from contract.openai_schemas import ChatCompletionRequest
+    from serving.api.chat_reasoning import template_kwargs
+
+    def kwargs(**fields: Any) -> dict[str, Any]:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+        return template_kwargs(msgspec.convert(body, ChatCompletionRequest))
+
+    assert kwargs() == {}
+    assert kwargs(reasoning_effort="none") == {"enable_thinking": False}
+    assert kwargs(reasoning_effort="low",
+                  chat_template_kwargs={"enable_thinking": False, "x": 1}) == {
+        "enable_thinking": False, "x": 1}
+    for bad, param in (({"reasoning_effort": "huge"}, "reasoning_effort"),
+                       ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools")):
+        with pytest.raises(ApiError) as caught:
+            kwargs(**bad)
+        assert caught.value.body.param == param
