@@ -79,7 +79,7 @@ class OutputMessage(msgspec.Struct, tag="message", tag_field="type"):
     role: str = "assistant"
 
 
-class FunctionCallItem(msgspec.Struct, tag="function_call", tag_field="type", omit_defaults=True):
+class FunctionCallItem(msgspec.Struct, tag="function_call", tag_field="type"):
     id: str
     call_id: str
     name: str
@@ -104,7 +104,7 @@ class SummaryText(msgspec.Struct, tag="summary_text", tag_field="type"):
     text: str
 
 
-class ReasoningItem(msgspec.Struct, tag="reasoning", tag_field="type", omit_defaults=True):
+class ReasoningItem(msgspec.Struct, tag="reasoning", tag_field="type"):
     id: str
     summary: list[SummaryText] = msgspec.field(default_factory=list)
     content: list[ReasoningText] | None = None
@@ -116,7 +116,9 @@ OutputItem = OutputMessage | FunctionCallItem | CustomToolCallItem | ReasoningIt
 
 
 class InputTokensDetails(msgspec.Struct):
+    # Not counted by the engine yet: its prefix cache reuses a prompt's prefix on its own.
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(msgspec.Struct):

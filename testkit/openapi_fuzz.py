@@ -4,7 +4,8 @@
 (SCHEMATHESIS_HOOKS), which add two things to its built-in checks:
 
 - every 4xx/5xx body must be an OpenAI error object (`contract.openai_errors.ErrorEnvelope`),
-  or on /v1/messages an Anthropic one (`contract.anthropic_schemas.AnthropicErrorEnvelope`);
+  on /v1/responses too, or on /v1/messages an Anthropic one
+  (`contract.anthropic_schemas.AnthropicErrorEnvelope`);
 - half of the valid bodies are tamed (map_case) so that they reach rank 0's engine rather
   than all ending in a 400 or in a 404 for an unknown model (FUZZ_SERVED_MODEL).
 """
@@ -22,6 +23,7 @@ import schemathesis
 
 from contract.anthropic_schemas import MESSAGES_PATH, PROMPT_ROLES, AnthropicErrorEnvelope
 from contract.openai_errors import ErrorEnvelope
+from contract.responses_schemas import RESPONSES_PATH
 from serving.api.validation import ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +36,8 @@ EXCLUDED_CHECKS = ["positive_data_acceptance"]
 TAMED_FIELDS = {"messages", "prompt", "stream", "stream_options", "stop", "seed", "user",
                 "metadata", "store"}
 TAMED_MESSAGES_FIELDS = {"messages", "system", "stream", "metadata"}
+TAMED_RESPONSES_FIELDS = {"input", "instructions", "stream", "metadata", "store", "user",
+                          "prompt_cache_key", "client_metadata", "parallel_tool_calls"}
 TAMED_MAX_TOKENS = 8  # /v1/messages requires max_tokens: a quick one
 
 
@@ -70,10 +74,12 @@ def map_case(context: schemathesis.HookContext, case: schemathesis.Case) -> sche
     if not isinstance(body, dict) or len(json.dumps(body)) % 2:
         return case
     anthropic = case.path.startswith(MESSAGES_PATH)
-    tamed = {
-        k: v for k, v in body.items()
-        if k in (TAMED_MESSAGES_FIELDS if anthropic else TAMED_FIELDS)
-    }
+    fields = TAMED_MESSAGES_FIELDS if anthropic else TAMED_FIELDS
+    if case.path == RESPONSES_PATH:
+        fields = TAMED_RESPONSES_FIELDS
+        if not isinstance(body.get("input"), str):  # any string is a valid input
+            body["input"] = json.dumps(body.get("input"))
+    tamed = {k: v for k, v in body.items() if k in fields}
     messages = tamed.get("messages")
     for message in messages if isinstance(messages, list) else []:
         if isinstance(message, dict) and message.get("role") not in (

@@ -1,5 +1,5 @@
-"""The cluster's one endpoint: `/v1/*` proxied to rank 0 (OpenAI's API and Anthropic's
-Messages), plus `/health`, `/status`, `/metrics`."""
+"""The cluster's one endpoint: `/v1/*` proxied to rank 0 (OpenAI's API with its Responses,
+and Anthropic's Messages), plus `/health`, `/status`, `/metrics`."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ from contract.openai_schemas import (
     CompletionRequest,
     ModelList,
 )
+from contract.responses_schemas import RESPONSES_PATH, ResponsesRequest
+from contract.responses_schemas import Response as ResponseBody
+from contract.responses_schemas import StreamEvent as ResponsesEvent
 from orchestrator.gateway.charts import ChartHistory, sampling
 from orchestrator.gateway.errors import (
     ClientGone,
@@ -140,7 +143,7 @@ async def completions(
     return await _forward(request, state, "/v1/completions")
 
 
-MessagesBody, MessagesOperation = streamed(MessagesRequest, StreamEvent, anthropic=True)
+MessagesBody, MessagesOperation = streamed(MessagesRequest, StreamEvent, named=True)
 
 
 @post(
@@ -176,6 +179,26 @@ async def count_tokens(
     return await _forward(request, state, f"{MESSAGES_PATH}/count_tokens")
 
 
+ResponsesBody, ResponsesOperation = streamed(ResponsesRequest, ResponsesEvent, named=True)
+
+
+@post(
+    "/responses",
+    operation_id="createResponse",
+    summary="Create a model response (OpenAI's Responses API)",
+    operation_class=ResponsesOperation,
+    dto=ResponsesBody,
+    return_dto=None,
+    status_code=200,
+    responses=error_responses(400, 401, 404, 413, 429, 503, 504),
+)
+async def responses(
+    request: Request, state: State, data: JSONBody[ResponsesRequest | None] = None
+) -> Response[ResponseBody]:
+    """A response, whole or as the Responses event stream; forwarded to rank 0 as sent."""
+    return await _forward(request, state, RESPONSES_PATH)
+
+
 @get("/models", operation_id="listModels", summary="List models",
      responses=error_responses(400, 401, 503))
 async def models(request: Request, state: State) -> Response[ModelList]:
@@ -188,7 +211,9 @@ def v1_router(api_key: bool) -> Router:
     and the OpenAPI document describes it; unknown /v1 paths are 404 here."""
     return Router(
         "/v1",
-        route_handlers=[chat_completions, completions, messages, count_tokens, models],
+        route_handlers=[
+            chat_completions, completions, messages, count_tokens, responses, models,
+        ],
         guards=[require_api_key],
         security=[{BEARER: []}, {X_API_KEY: []}] if api_key else None,
         request_max_body_size=MAX_BODY_BYTES,

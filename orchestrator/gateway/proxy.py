@@ -21,6 +21,8 @@ from contract.openai_errors import (
     error_code_of_event,
     sse_error_event,
 )
+from contract.responses_schemas import RESPONSES_PATH
+from contract.responses_schemas import error_event as responses_error_event
 from orchestrator.gateway.errors import unavailable
 from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.supervision.metrics import OrchestratorMetrics
@@ -52,9 +54,12 @@ _STREAM_CUT = ApiError(
 
 
 def stream_cut_event(path: str) -> bytes:
-    """That event in the stream's own format: Anthropic's on /v1/messages, else OpenAI's."""
+    """That event in the stream's own format: Anthropic's on /v1/messages, the Responses
+    API's `error` event on /v1/responses, else OpenAI's."""
     if path.startswith(MESSAGES_PATH):
         return anthropic_event(anthropic_error(_STREAM_CUT))
+    if path.startswith(RESPONSES_PATH):
+        return responses_error_event(_STREAM_CUT)
     return sse_error_event(_STREAM_CUT.body) + DONE_EVENT
 
 

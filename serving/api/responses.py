@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from litestar import Controller, Request, Response, post
 from litestar.datastructures import State
@@ -19,12 +22,16 @@ from contract.responses_schemas import ReasoningConfig, ResponsesRequest
 from contract.responses_schemas import Response as ResponseBody
 from serving.api.chat import render_prompt
 from serving.api.generation import Admitted, admit, failure_error, ready
+from serving.api.reasoning import REASONING, Part, ReasoningSplitter
 from serving.api.responses_events import ResponseBuild
 from serving.api.responses_prompt import (
     check_request,
     max_tokens,
     sampling_params,
+    seal_reasoning,
+    template_kwargs,
     template_messages,
+    wants_encrypted_reasoning,
 )
 from serving.api.responses_tools import tool_plan, tool_set
 from serving.api.state import ServingState
@@ -32,6 +39,10 @@ from serving.api.tool_calls import ToolCallStream
 from serving.api.validation import decode_body
 from serving.engine import requests as engine
 from serving.engine.requests import Finished
+
+
+def token_count(tokenizer: Any, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def new_id(prefix: str) -> str:
@@ -51,29 +62,50 @@ def created(req: ResponsesRequest, response_id: str, created_at: int) -> Respons
     )
 
 
-async def whole(build: ResponseBuild, calls: ToolCallStream, admitted: Admitted,
-                request: Request) -> ResponseBody:
-    got = await admitted.collect(request)
-    build.add(*calls.feed(got.text))
-    build.add(*calls.finish())
-    build.finish(got.finished)
-    return build.final(got.finished)
+@dataclass
+class Answer:
+    """The generated text through the reasoning splitter, then the tool-call parser (calls
+    are parsed out of the content only), into the response's build."""
 
+    build: ResponseBuild
+    splitter: ReasoningSplitter
+    calls: ToolCallStream
 
-async def stream(build: ResponseBuild, calls: ToolCallStream,
-                 admitted: Admitted) -> AsyncIterator[bytes]:
-    for chunk in build.start():
-        yield chunk
-    async for event in admitted.events():
-        if isinstance(event, engine.TextDelta):
-            chunks = build.add(*calls.feed(event.text))
-        elif isinstance(event, Finished):
-            chunks = build.add(*calls.finish()) + build.finish(event)
-        else:
-            error = failure_error(event)
-            chunks = build.fail(error.body.code or "server_error", error.body.message)
-        for chunk in chunks:
+    def feed(self, text: str) -> list[bytes]:
+        return self._parts(self.splitter.feed(text))
+
+    def finish(self, done: Finished) -> list[bytes]:
+        out = self._parts(self.splitter.finish())
+        return [*out, *self.build.add(*self.calls.finish()), *self.build.finish(done)]
+
+    def _parts(self, parts: list[Part]) -> list[bytes]:
+        out: list[bytes] = []
+        for part in parts:
+            if part.kind == REASONING:
+                out += self.build.reason(part.text)
+            else:
+                out += self.build.add(*self.calls.feed(part.text))
+        return out
+
+    async def whole(self, admitted: Admitted, request: Request) -> ResponseBody:
+        got = await admitted.collect(request)
+        self.feed(got.text)
+        self.finish(got.finished)
+        return self.build.final(got.finished)
+
+    async def stream(self, admitted: Admitted) -> AsyncIterator[bytes]:
+        for chunk in self.build.start():
             yield chunk
+        async for event in admitted.events():
+            if isinstance(event, engine.TextDelta):
+                chunks = self.feed(event.text)
+            elif isinstance(event, Finished):
+                chunks = self.finish(event)
+            else:
+                error = failure_error(event)
+                chunks = self.build.fail(error.body.code or error.body.type, error.body.message)
+            for chunk in chunks:
+                yield chunk
 
 
 class ResponsesController(Controller):
@@ -87,13 +119,19 @@ class ResponsesController(Controller):
         _, model = ready(serving)
         tools = tool_set(req.tools)
         plan = tool_plan(req, tools, model.tokenizer)
-        prompt = render_prompt(model.tokenizer, template_messages(req), plan)
+        messages = template_messages(req, serving.thinking_key)
+        prompt = render_prompt(model.tokenizer, messages, plan, template_kwargs(req))
         cap = max_tokens(req, len(prompt), model, serving.settings.serving.max_tokens_limit)
         admitted = admit(serving, prompt, sampling_params(req, model, cap), [], param="input")
-        body = created(req, f"resp_{admitted.request_id}", admitted.created)
-        build = ResponseBuild(body, tools.item, new_id)
-        calls = ToolCallStream(model.tokenizer, plan)
+        seal = partial(seal_reasoning, serving.thinking_key)
+        answer = Answer(
+            ResponseBuild(created(req, f"resp_{admitted.request_id}", admitted.created),
+                          tools.item, new_id, seal if wants_encrypted_reasoning(req) else None,
+                          count=lambda text: token_count(model.tokenizer, text)),
+            ReasoningSplitter.for_prompt(model.tokenizer, prompt),
+            ToolCallStream(model.tokenizer, plan),
+        )
         if not req.stream:
-            return Response(await whole(build, calls, admitted, request))
+            return Response(await answer.whole(admitted, request))
         await admitted.started(request)
-        return Stream(stream(build, calls, admitted), media_type="text/event-stream")
+        return Stream(answer.stream(admitted), media_type="text/event-stream")

@@ -4,16 +4,17 @@ is a 400 naming its field as OpenAI does (`input.2.call_id`)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from contract.responses_schemas import ResponsesRequest
+from serving.api.chat_reasoning import EFFORTS as THINKING
 from serving.api.errors import invalid, model_not_found
 from serving.api.generation import random_seed
 from serving.api.responses_tools import template_name
 from serving.api.state import ServedModel
+from serving.api.thinking_signature import BadSignature, sign, verify
 from serving.engine.step_plan import SamplingParams
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
@@ -23,7 +24,6 @@ INCLUDE_NO_EFFECT = frozenset({
     "message.input_image.image_url", "computer_call_output.output.image_url",
     "code_interpreter_call.outputs",
 })
-EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 SYSTEM_ROLES = ("system", "developer")
 
@@ -53,8 +53,8 @@ def check_request(req: ResponsesRequest, served: str) -> None:
                       "top_logprobs", "unsupported_parameter")
     if req.truncation not in (None, "auto", "disabled"):
         raise invalid("truncation must be auto or disabled", "truncation")
-    if req.reasoning is not None and req.reasoning.effort not in EFFORTS:
-        raise invalid(f"reasoning.effort must be one of {', '.join(map(str, EFFORTS[1:]))}",
+    if req.reasoning is not None and req.reasoning.effort not in (None, *THINKING):
+        raise invalid(f"reasoning.effort must be one of {', '.join(THINKING)}",
                       "reasoning.effort")
     for i, value in enumerate(req.include or []):
         if value != ENCRYPTED_REASONING and value not in INCLUDE_NO_EFFECT:
@@ -63,22 +63,52 @@ def check_request(req: ResponsesRequest, served: str) -> None:
     check_text_format(req)
 
 
-def check_text_format(req: ResponsesRequest) -> None:
-    """Plain text is what the model writes; a JSON format needs constrained decoding,
-    which this server does not do yet: a 400 rather than an answer that ignores it."""
+@dataclass(frozen=True)
+class JsonFormat:
+    """`text.format` asking for JSON: `schema` None is json_object (any JSON object)."""
+
+    schema: dict[str, Any] | None
+    strict: bool
+
+
+def text_format(req: ResponsesRequest) -> JsonFormat | None:
+    """`text.format` checked: None for plain text, else the JSON the answer must be."""
     form = req.text.format if req.text is not None else None
     kind = form.get("type") if form is not None else "text"
-    if kind == "text":
-        return
-    if kind not in ("json_schema", "json_object"):
+    if form is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return JsonFormat(None, strict=True)
+    if kind != "json_schema":
         raise invalid("text.format.type must be text, json_schema or json_object",
                       "text.format.type")
-    raise invalid(f"text.format {kind} (structured outputs) is not supported by this server "
-                  "yet; leave out text.format", "text.format", "unsupported_parameter")
+    if not isinstance(form.get("schema"), dict):
+        raise invalid("text.format of type json_schema needs its schema (an object)",
+                      "text.format.schema")
+    return JsonFormat(form["schema"], strict=form.get("strict") is not False)
+
+
+def check_text_format(req: ResponsesRequest) -> None:
+    """A JSON format needs constrained decoding, which is not wired into this API yet
+    (serving/api/structured.py's json_grammar, on its own branch): a 400 rather than an
+    answer that ignores the schema."""
+    wanted = text_format(req)
+    if wanted is not None:
+        kind = "json_object" if wanted.schema is None else "json_schema"
+        raise invalid(f"text.format {kind} (structured outputs) is not supported by this "
+                      "server yet; leave out text.format", "text.format",
+                      "unsupported_parameter")
 
 
 def wants_encrypted_reasoning(req: ResponsesRequest) -> bool:
     return ENCRYPTED_REASONING in (req.include or [])
+
+
+def template_kwargs(req: ResponsesRequest) -> dict[str, Any]:
+    """reasoning.effort as the template's thinking switch (chat's reasoning_effort's
+    rule: none and minimal turn it off); templates without the switch ignore it."""
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    return {} if effort is None else {"enable_thinking": THINKING[effort]}
 
 
 def max_tokens(req: ResponsesRequest, prompt_tokens: int, model: ServedModel, limit: int) -> int:
@@ -100,10 +130,11 @@ def sampling_params(req: ResponsesRequest, model: ServedModel, cap: int) -> Samp
     )
 
 
-def template_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+def template_messages(req: ResponsesRequest, key: bytes) -> list[dict[str, Any]]:
     """`instructions`, then each input item, as the chat template's messages. The leading
     system and developer messages join `instructions` in one system message (templates
-    want one, first); calls join the assistant turn before them."""
+    want one, first); calls join the assistant turn before them. `key`: the cluster's
+    thinking key, which checks the reasoning items' encrypted_content."""
     items: list[dict[str, Any]]
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
     if not items:
@@ -118,7 +149,7 @@ def template_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         if kind == "message" and item.get("role") in SYSTEM_ROLES and not out:
             system.append(_content(f"input.{i}", item.get("content")))
         elif kind == "reasoning":
-            reasoning += _reasoning_text(f"input.{i}", item)
+            reasoning += _reasoning_text(f"input.{i}", item, key)
         else:
             _add(out, f"input.{i}", kind, item, reasoning)
             reasoning = ""
@@ -200,29 +231,26 @@ def _content(where: str, content: Any) -> str:
     return text
 
 
-def _reasoning_text(where: str, item: dict[str, Any]) -> str:
+def _reasoning_text(where: str, item: dict[str, Any], key: bytes) -> str:
     """An earlier turn's reasoning: its content's text, else what its encrypted_content
-    carries (one of ours: see encode_reasoning), else its summary."""
+    carries (one of ours: see seal_reasoning), else its summary."""
     if item.get("content"):
         return _content(where, item["content"])
     sealed = item.get("encrypted_content")
     if sealed is not None:
-        return decode_reasoning(f"{where}.encrypted_content", sealed)
+        return open_reasoning(f"{where}.encrypted_content", sealed, key)
     return _content(f"{where}.summary", item.get("summary") or [])
 
 
-def encode_reasoning(text: str) -> str:
-    """The opaque `encrypted_content` of a reasoning item: its text, base64 (not secret:
-    the client already has the text; it lets a client that keeps only this send it back)."""
-    return base64.b64encode(json.dumps({"v": 1, "text": text}).encode()).decode()
+def seal_reasoning(key: bytes, text: str) -> str:
+    """The opaque `encrypted_content` of a reasoning item: its text signed with the
+    cluster's key and carried along (as thinking blocks' signatures are: not secret, the
+    client has the text), so a client that keeps only this can send the reasoning back."""
+    return sign(key, text, carry_text=True)
 
 
-def decode_reasoning(where: str, sealed: Any) -> str:
+def open_reasoning(where: str, sealed: Any, key: bytes) -> str:
     try:
-        body = json.loads(base64.b64decode(str(sealed), validate=True))
-        text = body["text"]
-    except (binascii.Error, ValueError, TypeError, KeyError) as exc:
-        raise invalid("encrypted_content is not one this server made", where) from exc
-    if not isinstance(text, str):
-        raise invalid("encrypted_content is not one this server made", where)
-    return text
+        return verify(key, str(sealed), "")
+    except BadSignature as exc:
+        raise invalid(f"encrypted_content: {exc}", where) from exc

@@ -153,7 +153,9 @@ def tool_plan(req: ResponsesRequest, tools: ToolSet, tokenizer: Any) -> ToolPlan
     elif isinstance(choice, dict):
         choice, functions, named = _choice_object(choice, tools)
     if not functions and choice == "auto":
-        choice = None  # only hosted tools were offered: answer without tools
+        # Only hosted tools: nothing to offer, and under auto the model answers in text.
+        # (A template that cannot show tools is make_plan's: under auto, no tools either.)
+        return ToolPlan(None)
     parallel = req.parallel_tool_calls is not False
     return make_plan(functions, choice, named, parallel, tokenizer, "tool_choice.name")
 

@@ -1,5 +1,6 @@
 """The gateway's Anthropic Messages routes against a fake rank 0: the key as x-api-key, errors
-and a cut stream in Anthropic's shape (the real rank 0 behind a gateway: test_openapi_fuzz)."""
+and a cut stream in Anthropic's shape (the real rank 0 behind a gateway: test_openapi_fuzz);
+and a cut Responses stream in its own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from litestar.testing import AsyncTestClient
+from openai.types.responses import ResponseErrorEvent
 
 from orchestrator.gateway import app as gateway_app
 from orchestrator.supervision.metrics import OrchestratorMetrics
@@ -79,3 +81,22 @@ async def test_a_cut_messages_stream_ends_with_anthropic_error_event(
     assert name == "event: error" and "[DONE]" not in reply.text
     error = json.loads(data.removeprefix("data: "))
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
+
+
+async def test_a_cut_responses_stream_ends_with_the_responses_error_event(
+    gateway: Callable[..., AsyncTestClient[Any]],
+) -> None:
+    """On /v1/responses a stream cut mid-way ends with the Responses API's `error` event
+    (named, OpenAI's SDK reads it as a ResponseErrorEvent), not chat's [DONE]."""
+    first = b'event: response.created\ndata: {"type": "response.created"}\n\n'
+    client = gateway(lambda request: sse(first, cut=True), api_key=KEY)
+    async with client:
+        reply = await client.post(
+            "/v1/responses", json={"model": "m", "input": "Hi", "stream": True},
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
+    assert reply.content.startswith(first)
+    name, data = reply.text[len(first):].strip().split("\n")
+    assert name == "event: error" and "[DONE]" not in reply.text
+    event = ResponseErrorEvent.model_validate_json(data.removeprefix("data: "))
+    assert event.code == "stream_interrupted"

@@ -16,6 +16,7 @@ OPERATIONS = {
     ("/v1/completions", "post"): ("CompletionRequest", "Completion"),
     ("/v1/messages", "post"): ("MessagesRequest", "Message"),
     ("/v1/messages/count_tokens", "post"): ("CountTokensRequest", "TokenCount"),
+    ("/v1/responses", "post"): ("ResponsesRequest", "Response"),
     ("/v1/models", "get"): (None, "ModelList"),
 }
 ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}  # errors in Anthropic's shape
@@ -58,7 +59,7 @@ async def test_the_document_covers_v1_with_bodies_and_openai_errors(api_key: str
         assert all(ref(responses[code]["content"]) == envelope for code in errors)
         either = [{"bearer": []}, {"x-api-key": []}]
         assert operation.get("security") == (either if api_key else None)
-    for path in ("/v1/completions", "/v1/messages"):
+    for path in ("/v1/completions", "/v1/messages", "/v1/responses"):
         streamed = doc["paths"][path]["post"]["responses"]["200"]["content"]
         assert "text/event-stream" in streamed
     event = doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"][
@@ -67,6 +68,12 @@ async def test_the_document_covers_v1_with_bodies_and_openai_errors(api_key: str
     kinds = {ref_["$ref"].rsplit("/", 1)[1]
              for ref_ in event["properties"]["data"]["contentSchema"]["oneOf"]}
     assert {"MessageStart", "ContentBlockDelta", "MessageDelta", "MessageStop"} <= kinds
+    event = doc["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"][
+        "text/event-stream"]["schema"]
+    assert event["required"] == ["event", "data"]
+    kinds = {ref_["$ref"].rsplit("/", 1)[1]
+             for ref_ in event["properties"]["data"]["contentSchema"]["oneOf"]}
+    assert {"Lifecycle", "OutputItemEvent", "TextDeltaEvent", "ArgumentsDeltaEvent"} <= kinds
     schemes = doc["components"].get("securitySchemes")
     assert schemes == ({
         "bearer": {"type": "http", "scheme": "bearer"},
