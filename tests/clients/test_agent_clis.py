@@ -5,7 +5,9 @@ The rank serves the tiny random Llama of the bundled model's tokenizer and chat 
 (tests/model_fixtures.py): the agents' prompts (system, tools, environment) run to
 5,000-13,000 tokens, which the bundled model itself takes minutes to read at one rank on a
 2-core CI machine (bench/agent_turns.py), the tiny one a second or two. The requests, the
-template, the APIs and the gateway are the same."""
+template, the APIs and the gateway are the same. Rank 0 is made to answer ANSWER then end
+(the test aid rank_env.FORCED_OUTPUT, through the real sampling path): a random model's
+answer never ends, and an answer cut at max_tokens is an error to Claude Code and Codex."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.rank_env import FORCED_OUTPUT
 from testkit import agent_clis
 from testkit.orchestrator_process import running, write_cluster
 
@@ -28,6 +31,7 @@ KEY_ENV = "CLIENTS_TEST_API_KEY"
 WINDOW = 32_768
 ANSWER_TOKENS = 32
 PROMPT = "Reply with one word: hello"
+ANSWER = "hello"
 CLI_TIMEOUT_S = 180.0
 
 
@@ -43,7 +47,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
     agent_clis.require()
     tmp = tmp_path_factory.mktemp("clients")
     config = write_cluster(
-        tmp, str(tiny_model_dir), [{"name": "a"}],
+        tmp, str(tiny_model_dir), [{"name": "a", "env": {FORCED_OUTPUT: ANSWER}}],
         supervisor={"standby_ranks": False},
         model={"context_length": WINDOW, "id": MODEL},
         api={"api_key_env": KEY_ENV},
@@ -56,9 +60,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
 
 
 def answered_through_gateway_only(run: agent_clis.Run, gateway: Gateway) -> None:
-    """Exit 0, an answer on stdout, and no connection attempt but to the gateway."""
+    """Exit 0, the answer on stdout, and no connection attempt but to the gateway."""
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-    assert run.stdout.strip(), run.stderr[-4000:]
+    assert ANSWER in run.stdout, (run.stdout[-2000:], run.stderr[-4000:])
     assert gateway.address in run.destinations, run.destinations
     assert run.outside(gateway.address) == [], run.destinations
 
