@@ -109,7 +109,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         supervisor={"standby_ranks": False},
         model={"context_length": args.context_length},
         api={"api_key_env": KEY_ENV},
-        serving={"max_tokens_limit": args.max_tokens},
+        serving={"max_tokens_limit": args.max_tokens, "max_tokens_default": args.max_tokens},
     )
     data = tomllib.loads(config.read_text())
     url = f"http://{data['api']['host']}:{data['api']['port']}"

@@ -1,5 +1,13 @@
-"""Claude Code, Codex CLI and OpenCode, unmodified, against one rank of the bundled model
-behind the gateway: each answers a one-shot prompt and reaches nothing but the gateway."""
+"""Claude Code, Codex CLI and OpenCode, unmodified, against one rank behind the gateway:
+each answers a one-shot prompt and reaches nothing but the gateway.
+
+The rank serves the tiny random Llama of the bundled model's tokenizer and chat template
+(tests/model_fixtures.py): the agents' prompts (system, tools, environment) run to
+5,000-13,000 tokens, which the bundled model itself takes minutes to read at one rank on a
+2-core CI machine (bench/agent_turns.py), the tiny one a second or two. The requests, the
+template, the APIs and the gateway are the same. Rank 0 is made to answer ANSWER then end
+(the test aid rank_env.FORCED_OUTPUT, through the real sampling path): a random model's
+answer never ends, and an answer cut at max_tokens is an error to Claude Code and Codex."""
 
 from __future__ import annotations
 
@@ -10,19 +18,21 @@ from pathlib import Path
 
 import pytest
 
+from contract.rank_env import FORCED_OUTPUT
 from testkit import agent_clis
 from testkit.orchestrator_process import running, write_cluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-MODEL = "smollm2-135m-instruct"
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+MODEL = "tiny-agent-model"
 KEY = "clients-test-key"
 KEY_ENV = "CLIENTS_TEST_API_KEY"
-# The agents' prompts (system, tools, environment) run to ~13,000 tokens of this model's
-# tokenizer, beyond its own 8,192; short answers keep the decode cheap.
+# The agents' prompts run to ~13,000 tokens (Claude Code's), beyond the bundled model's own
+# 8,192; short answers keep the decode cheap.
 WINDOW = 32_768
 ANSWER_TOKENS = 32
 PROMPT = "Reply with one word: hello"
-CLI_TIMEOUT_S = 400.0
+ANSWER = "hello"
+CLI_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -32,14 +42,14 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """One local rank of the bundled model, behind a key, its window raised."""
+def gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Gateway]:
+    """One local rank of the tiny model, behind a key, its window raised."""
     agent_clis.require()
     tmp = tmp_path_factory.mktemp("clients")
     config = write_cluster(
-        tmp, "bundled:" + MODEL, [{"name": "a"}],
+        tmp, str(tiny_model_dir), [{"name": "a", "env": {FORCED_OUTPUT: ANSWER}}],
         supervisor={"standby_ranks": False},
-        model={"context_length": WINDOW},
+        model={"context_length": WINDOW, "id": MODEL},
         api={"api_key_env": KEY_ENV},
         serving={"max_tokens_limit": ANSWER_TOKENS, "max_tokens_default": ANSWER_TOKENS},
     )
@@ -50,9 +60,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 
 def answered_through_gateway_only(run: agent_clis.Run, gateway: Gateway) -> None:
-    """Exit 0, an answer on stdout, and no connection attempt but to the gateway."""
+    """Exit 0, the answer on stdout, and no connection attempt but to the gateway."""
     assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-    assert run.stdout.strip(), run.stderr[-4000:]
+    assert ANSWER in run.stdout, (run.stdout[-2000:], run.stderr[-4000:])
     assert gateway.address in run.destinations, run.destinations
     assert run.outside(gateway.address) == [], run.destinations
 

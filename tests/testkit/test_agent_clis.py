@@ -1,5 +1,6 @@
 """testkit.agent_clis's reading of strace's output: every IP destination, nothing else."""
 
+# ruff: noqa: E501  (TRACE holds strace's own lines, verbatim)
 from __future__ import annotations
 
 from testkit.agent_clis import destinations
