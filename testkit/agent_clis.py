@@ -24,10 +24,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from testkit.paths import ROOT
 from testkit.require import AGENT_CLIS, missing
 
-ROOT = Path(__file__).resolve().parents[1]
-CLIENTS_DIR = ROOT / "tests" / "clients"
+CLIENTS_DIR = ROOT / "tests" / "clients"  # the npm project pinning the CLIs
 BIN = CLIENTS_DIR / "node_modules" / ".bin"
 NAMES = ("claude", "codex", "opencode")
 # One socket address in strace's rendering of a sockaddr (IPv4 or IPv6).
