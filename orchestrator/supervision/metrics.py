@@ -64,6 +64,17 @@ class OrchestratorMetrics:
             "Requests resent to a new gang after a failure.",
             registry=r,
         )
+        self.requests_quarantined = Counter(
+            "orchestrator_requests_quarantined",
+            "Requests answered with an error because their isolated run crashed the gang.",
+            registry=r,
+        )
+        self.request_of_death_restarts = Counter(
+            "orchestrator_request_of_death_restarts",
+            "Gang failures with a quarantined request in flight (its batched and its "
+            "isolated run: at most 2 per request).",
+            registry=r,
+        )
         self.responses = Counter(
             "orchestrator_responses",
             "Answers of the gateway's /v1 routes by HTTP status.",

@@ -44,6 +44,7 @@ def load_and_sync(
 ) -> LoadedModel:
     faults.on_load()
     loaded = load(settings, group)
+    faults.decode = loaded.tokenizer.decode
     if settings.serving.speculative == "draft" and group.rank() == 0:
         from serving.engine.draft_model import load_draft  # rank 0 alone: no collectives
 
