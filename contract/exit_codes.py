@@ -22,6 +22,7 @@ class RankExit(IntEnum):
     INJECTED_FAULT = 15  # an ORCHESTRATOR_FAULT "exit" without an explicit code
     INTERNAL_ERROR = 16  # an unexpected exception in the engine or the worker loop
     API_BIND_FAILED = 17  # rank 0 could not bind its HTTP API address
+    OUT_OF_MEMORY = 18  # an MLX allocation failed (past [serving] memory_limit_gb, or RAM)
 
     @property
     def meaning(self) -> str:
@@ -38,6 +39,7 @@ _MEANINGS: dict[RankExit, str] = {
     RankExit.INJECTED_FAULT: "fault injected for testing",
     RankExit.INTERNAL_ERROR: "unexpected internal error",
     RankExit.API_BIND_FAILED: "rank 0 could not bind its API address",
+    RankExit.OUT_OF_MEMORY: "an MLX allocation failed: out of memory",
 }
 
 

@@ -92,6 +92,10 @@ class ServingSettings(Section):
     # available once the weights are loaded, split among the ranks sharing a machine, the
     # smallest of all ranks (so all evict alike).
     prompt_cache_gb: Annotated[float, Meta(ge=0)] | None = None
+    # MLX's memory limit on each rank (and on a Mac its wired limit): past it an
+    # allocation fails and the rank exits, classified `oom` (serving/memory_limit.py).
+    # None: MLX's own default.
+    memory_limit_gb: Annotated[float, Meta(gt=0)] | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
     # Speculative decoding while one request runs alone: "prompt_lookup" drafts from the

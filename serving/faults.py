@@ -11,6 +11,10 @@ Syntax (several faults separated by ","):
     exit_on_load:rank=R[:code=C]  rank R exits before loading the model
     hang_on_load:rank=R           rank R never starts loading (an init/load timeout)
     ebusy:rank=R                  rank R prints a JACCL EBUSY error line and fails init
+    crash_on:rank=R:text=STRING   rank R exits (code INJECTED_FAULT) when a plan inserts a
+                                  request whose prompt, decoded, contains STRING (a request
+                                  of death: orchestrator/gateway/quarantine.py); STRING may
+                                  not contain "," or ":"
 
 Steps count engine steps (keepalives excluded) from 1.
 """
@@ -20,12 +24,15 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from contract.exit_codes import RankExit
 from contract.rank_env import FAULT, FAULT_FILE
 
-KINDS = ("desync", "misaccept", "exit", "hang", "exit_on_load", "hang_on_load", "ebusy")
+KINDS = (
+    "desync", "misaccept", "exit", "hang", "exit_on_load", "hang_on_load", "ebusy", "crash_on",
+)
 
 # Modelled on MLX's JACCL message when ibv_create_qp fails with EBUSY (mlx PR #4209).
 EBUSY_LINE = (
@@ -56,6 +63,7 @@ class Fault:
     rank: int
     step: int | None = None
     code: int | None = None
+    text: str | None = None  # crash_on: the prompt text that kills the rank
 
 
 def parse_faults(text: str) -> list[Fault]:
@@ -68,8 +76,12 @@ def _parse_one(text: str) -> Fault:
     if kind not in KINDS:
         raise FaultSpecError(f"unknown fault kind {kind!r} in {text!r}; expected one of {KINDS}")
     values: dict[str, int] = {}
+    match: str | None = None
     for field in fields:
         key, sep, raw = field.partition("=")
+        if key == "text" and sep and raw:
+            match = raw
+            continue
         if not sep or key not in ("rank", "step", "code") or not raw.lstrip("-").isdigit():
             raise FaultSpecError(f"bad field {field!r} in fault {text!r}")
         values[key] = int(raw)
@@ -77,7 +89,9 @@ def _parse_one(text: str) -> Fault:
         raise FaultSpecError(f"fault {text!r} needs rank=R")
     if kind in ("desync", "misaccept", "exit", "hang") and "step" not in values:
         raise FaultSpecError(f"fault {text!r} needs step=N")
-    return Fault(kind, values["rank"], values.get("step"), values.get("code"))
+    if (kind == "crash_on") != (match is not None):
+        raise FaultSpecError(f"fault {text!r}: text=STRING goes with crash_on, and only there")
+    return Fault(kind, values["rank"], values.get("step"), values.get("code"), match)
 
 
 class FaultPlan:
@@ -85,6 +99,9 @@ class FaultPlan:
 
     def __init__(self, faults: list[Fault], rank: int) -> None:
         self._faults = [f for f in faults if f.rank == rank]
+        # Set once the tokenizer is loaded (serving/rank/startup.py): the plan carries token
+        # ids, and crash_on matches text.
+        self.decode: Callable[[list[int]], str] | None = None
 
     @classmethod
     def from_env(cls, rank: int) -> FaultPlan:
@@ -118,6 +135,18 @@ class FaultPlan:
                 _exit(f)
             if f.kind == "hang":
                 _hang(f"at step {step}")
+
+    def on_insert(self, prompts: Sequence[list[int]]) -> None:
+        """Before a plan's inserts are applied (every rank sees them): crash_on exits here."""
+        texts = [f.text for f in self._faults if f.kind == "crash_on" and f.text]
+        if not texts or not prompts or self.decode is None:
+            return
+        for prompt in prompts:
+            decoded = self.decode(prompt)
+            if any(text in decoded for text in texts):
+                print("[fault] crash_on: a request of death was inserted", file=sys.stderr,
+                      flush=True)
+                os._exit(RankExit.INJECTED_FAULT)
 
     def desync_at(self, step: int) -> bool:
         """Whether this rank should perturb its fingerprint at `step`."""

@@ -1,13 +1,18 @@
 """Forwards `/v1/*` to rank 0, holding requests through restarts.
 
 A request that has not sent a byte to its client yet is resent to the next gang; a stream
-cut mid-way ends with an SSE error event in its API's shape, never a hang.
+cut mid-way ends with an SSE error event in its API's shape, never a hang. A request that
+was at rank 0 when its gang failed is resent alone, and answered with an error if that
+fails the gang again (orchestrator/gateway/quarantine.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -24,6 +29,11 @@ from contract.openai_errors import (
 from contract.responses_schemas import RESPONSES_PATH
 from contract.responses_schemas import error_event as responses_error_event
 from orchestrator.gateway.errors import unavailable
+from orchestrator.gateway.quarantine import (
+    MAX_RESTARTS_PER_REQUEST,
+    IsolationGate,
+    request_of_death,
+)
 from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState
@@ -68,7 +78,33 @@ TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 class UpstreamLost(Exception):
-    """The gang went away before this request's response began."""
+    """The gang went away before this request's response began. `in_flight`: rank 0 had
+    taken the request (a suspect), rather than refused it at the door."""
+
+    def __init__(self, message: str, *, in_flight: bool) -> None:
+        super().__init__(message)
+        self.in_flight = in_flight
+
+
+# Rank 0's messages to the requests it held when its engine failed or it was stopped
+# (serving/rank/rank0.py, serving/engine/engine.py); Anthropic's shape carries no code.
+_IN_FLIGHT_MESSAGES = ("engine failed", "server is shutting down")
+CAUSE_WAIT_S = 10.0  # how long a quarantined request waits to name the gang's failure
+
+
+def engine_failed(body: bytes) -> bool:
+    """Whether a 503 from rank 0 ended a request it had taken (vs refused at the door)."""
+    try:
+        payload = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return False
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(error, dict):
+        return False
+    message = error.get("message")
+    return error.get("code") in GANG_FAILURE_CODES or (
+        isinstance(message, str) and message.startswith(_IN_FLIGHT_MESSAGES)
+    )
 
 
 class ProxyResult(msgspec.Struct):
@@ -95,25 +131,58 @@ class Proxy:
     ) -> None:
         self.view, self.client, self.metrics = view, client, metrics
         self.request_timeout_s = request_timeout_s
+        self.gate = IsolationGate()
 
     async def forward(
         self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
     ) -> ProxyResult:
         deadline = time.monotonic() + self.request_timeout_s
         failed_launch = ""
+        losses = 0  # gangs that failed with this request at rank 0
         while True:
-            upstream = await self.view.wait_for_upstream(deadline - time.monotonic(), failed_launch)
-            if upstream is None:
-                self.metrics.requests_failed.labels(reason="unavailable").inc()
-                raise self._unavailable_error()
-            self.view.wake_workers()
-            try:
-                return await self._send(
-                    upstream, method, path, query, headers, body, wants_stream(body)
-                )
-            except UpstreamLost:
-                failed_launch = upstream.launch_id
-                self.metrics.requests_retried.inc()
+            async with self._gate(isolated=losses > 0, deadline=deadline):
+                upstream = await self.view.wait_for_upstream(
+                    deadline - time.monotonic(), failed_launch)
+                if upstream is None:
+                    self.metrics.requests_failed.labels(reason="unavailable").inc()
+                    raise self._unavailable_error()
+                self.view.wake_workers()
+                try:
+                    return await self._send(
+                        upstream, method, path, query, headers, body, wants_stream(body)
+                    )
+                except UpstreamLost as lost:
+                    failed_launch = upstream.launch_id
+                    losses += lost.in_flight
+                    if losses >= MAX_RESTARTS_PER_REQUEST:
+                        raise await self._quarantine(failed_launch) from None
+                    self.metrics.requests_retried.inc()
+
+    @asynccontextmanager
+    async def _gate(self, *, isolated: bool, deadline: float) -> AsyncIterator[None]:
+        """Rank 0 shared with other ordinary requests, or alone for a suspect."""
+        gate: Any = self.gate.isolated() if isolated else self.gate.ordinary()
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await gate.__aenter__()
+        except TimeoutError:
+            self.metrics.requests_failed.labels(reason="unavailable").inc()
+            raise self._unavailable_error() from None
+        try:
+            yield
+        finally:
+            await gate.__aexit__(None, None, None)
+
+    async def _quarantine(self, failed_launch: str) -> ApiError:
+        """The error for a request whose isolated run failed the gang, naming the failure
+        once the supervisor has seen it (the reason of its restart)."""
+        self.metrics.requests_quarantined.inc()
+        self.metrics.request_of_death_restarts.inc(MAX_RESTARTS_PER_REQUEST)
+        until = time.monotonic() + CAUSE_WAIT_S
+        while self.view.state == GangState.READY and time.monotonic() < until:
+            await asyncio.sleep(0.1)
+        cause = self.view.reason if self.view.state != GangState.READY else ""
+        return request_of_death(cause)
 
     async def _send(
         self,
@@ -138,10 +207,16 @@ class Proxy:
         try:
             response = await self.client.request(method, url, data=body, headers=forwarded)
         except TRANSPORT_ERRORS as exc:
-            raise UpstreamLost(str(exc)) from exc
+            # Not connected: rank 0 never saw it. Any other break: it was at rank 0.
+            connected = not isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
+            raise UpstreamLost(str(exc), in_flight=connected) from exc
         if response.status == 503:  # rank 0 is stopping: its gang is going away
+            try:
+                taken = engine_failed(await response.read())
+            except TRANSPORT_ERRORS:
+                taken = True
             response.close()
-            raise UpstreamLost("rank 0 is stopping")
+            raise UpstreamLost("rank 0 is stopping", in_flight=taken)
         chunks = response.content.iter_any()
         try:
             # Until the client has a byte, a lost gang means "resend", so a plain response
@@ -149,7 +224,7 @@ class Proxy:
             first = await anext(chunks, b"") if stream else await response.read()
         except TRANSPORT_ERRORS as exc:
             response.close()
-            raise UpstreamLost(str(exc)) from exc
+            raise UpstreamLost(str(exc), in_flight=True) from exc
         result_headers = {
             k: v
             for k, v in response.headers.items()
@@ -160,7 +235,8 @@ class Proxy:
             return ProxyResult(response.status, result_headers, first, None)
         if error_code_of_event(first) in GANG_FAILURE_CODES:
             response.close()
-            raise UpstreamLost("rank 0's engine failed before the stream's first token")
+            raise UpstreamLost(
+                "rank 0's engine failed before the stream's first token", in_flight=True)
         rest = self._rest(response, chunks, stream_cut_event(path))
         return ProxyResult(response.status, result_headers, first, rest)
 

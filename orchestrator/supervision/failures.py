@@ -73,7 +73,9 @@ def classify_exit(
         cause = Cause.EBUSY
     elif code == RankExit.DESYNC:
         cause = Cause.DESYNC
-    elif _OOM.search(text) or (sig == "SIGKILL" and memory_pressure):
+    elif code == RankExit.OUT_OF_MEMORY or _OOM.search(text) or (
+        sig == "SIGKILL" and memory_pressure
+    ):
         cause = Cause.OOM
     elif code == RankExit.PEER_LOST:
         cause = Cause.PEER_LOST

@@ -78,7 +78,22 @@ class OrchestratorMetrics:
         )
         self._placement_metrics(r)
         self.state.state(GangState.PENDING.value)
+        self._quarantine_metrics(r)
         self._zero_known_labels()
+
+    def _quarantine_metrics(self, r: CollectorRegistry) -> None:
+        """Requests of death (orchestrator/gateway/quarantine.py)."""
+        self.requests_quarantined = Counter(
+            "orchestrator_requests_quarantined",
+            "Requests answered with an error because their isolated run crashed the gang.",
+            registry=r,
+        )
+        self.request_of_death_restarts = Counter(
+            "orchestrator_request_of_death_restarts",
+            "Gang failures with a quarantined request in flight (its batched and its "
+            "isolated run: at most 2 per request).",
+            registry=r,
+        )
 
     def _placement_metrics(self, r: CollectorRegistry) -> None:
         self.rank_layers = Gauge(

@@ -291,6 +291,7 @@ class Engine:
 
     def _apply(self, planned: PlannedStep) -> None:
         cached_before, hits_before = self._batch.cached_tokens, self._batch.cache_hits
+        self._faults.on_insert([ins.prompt for ins in planned.plan.inserts])
         uids = self._batch.apply(planned.plan.inserts, planned.plan.removes)
         self._metrics.prefix_cache_tokens.inc(self._batch.cached_tokens - cached_before)
         self._metrics.prefix_cache_hits.inc(self._batch.cache_hits - hits_before)

@@ -18,6 +18,7 @@ from serving.engine.grammar import GrammarCompiler
 from serving.engine.speculative import SpeculationUnsupported, check_model
 from serving.faults import FaultPlan
 from serving.machine import ranks_on_machine
+from serving.memory_limit import apply_memory_limit, is_out_of_memory
 from serving.model.loading import LoadedModel, ModelLoadError, load
 
 log = logging.getLogger("serving.rank")
@@ -43,7 +44,9 @@ def load_and_sync(
     settings: RankSettings, group: mx.distributed.Group, faults: FaultPlan
 ) -> LoadedModel:
     faults.on_load()
+    apply_memory_limit(settings.serving.memory_limit_gb)
     loaded = load(settings, group)
+    faults.decode = loaded.tokenizer.decode
     if settings.serving.speculative == "draft" and group.rank() == 0:
         from serving.engine.draft_model import load_draft  # rank 0 alone: no collectives
 
@@ -135,5 +138,8 @@ def exit_for(exc: BaseException) -> RankExit:
     if is_peer_lost(exc):
         log.error("peer lost: %s", exc)
         return RankExit.PEER_LOST
+    if is_out_of_memory(exc):
+        log.error("out of memory: %s", exc)
+        return RankExit.OUT_OF_MEMORY
     log.exception("internal error", exc_info=exc)
     return RankExit.INTERNAL_ERROR

@@ -100,6 +100,7 @@ def run_worker(
         try:
             check_plan(plan, step, fingerprint, digests, accepted)
             faults.on_step(step)
+            faults.on_insert([ins.prompt for ins in plan.inserts])
             batch.apply(plan.inserts, plan.removes)
             fingerprint = batch.fingerprint(perturb=faults.desync_at(step))
             pending = channel.receive_async()

@@ -35,6 +35,16 @@ def exited(returncode: int | None = None, signal: str | None = None, *tail: str)
             Cause.OOM,
             "",
         ),
+        # MLX's allocator's own words (mlx/backend/metal/allocator.cpp), as the rank logs
+        # them before exiting OUT_OF_MEMORY (serving/memory_limit.py).
+        (
+            exited(RankExit.OUT_OF_MEMORY, None, "ERROR serving.rank: out of memory: "
+                   "[malloc] Unable to allocate 1073741824 bytes."),
+            Cause.OOM,
+            "out_of_memory",
+        ),
+        # The exit code alone, when the log line fell out of the tail.
+        (exited(RankExit.OUT_OF_MEMORY), Cause.OOM, "out_of_memory"),
     ],
 )
 def test_classify_exit(event: Exited, cause: Cause, detail: str) -> None:

@@ -66,9 +66,12 @@ def test_fault_syntax() -> None:
     """Faults parse from ORCHESTRATOR_FAULT; malformed specs are rejected."""
     faults = parse_faults("desync:rank=1:step=5,exit:rank=2:step=3:code=42,ebusy:rank=0")
     assert faults == [Fault("desync", 1, 5), Fault("exit", 2, 3, 42), Fault("ebusy", 0)]
-    for bad in ("boom:rank=1", "exit:rank=1", "hang:step=3", "exit:rank=x:step=1"):
+    for bad in ("boom:rank=1", "exit:rank=1", "hang:step=3", "exit:rank=x:step=1",
+                "crash_on:rank=1", "exit:rank=1:step=2:text=x"):
         with pytest.raises(FaultSpecError):
             parse_faults(bad)
+    assert parse_faults("crash_on:rank=1:text=zebra") == [
+        Fault("crash_on", 1, text="zebra")]
 
 
 def test_plan_payload_round_trip() -> None:
