@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from serving.engine.arrivals import MAX_WAIT_S, WINDOW_S, arrival_window_s, gather
 
 
@@ -71,3 +73,12 @@ def test_the_window_is_a_share_of_a_decode_step_within_bounds() -> None:
     assert arrival_window_s(0.0) == low
     assert low < arrival_window_s(0.07) < high
     assert arrival_window_s(10.0) == high
+
+
+def test_the_window_is_15_percent_of_a_step_from_1_to_20_ms() -> None:
+    """The documented figures: 15% of a decode step, 1 to 20 ms, a plan held <= 50 ms."""
+    assert arrival_window_s(0.1) == pytest.approx(0.015)
+    assert arrival_window_s(None) == pytest.approx(0.001)
+    assert arrival_window_s(0.002) == pytest.approx(0.001)
+    assert arrival_window_s(1.0) == pytest.approx(0.02)
+    assert MAX_WAIT_S <= 0.05  # the most a plan is held, window or not
