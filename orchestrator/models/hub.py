@@ -41,6 +41,7 @@ ALLOW_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
+CODE_PATTERNS = ("*.py",)  # a model's own code: fetched only under [model] trust_remote_code
 LOGIN_FIX = "log in with `hf auth login`, or set HF_TOKEN to a token with read access"
 
 
@@ -72,15 +73,25 @@ class RemoteFile:
 @dataclass(frozen=True)
 class RemoteListing:
     commit: str  # the revision resolved now
-    files: list[RemoteFile]  # only ALLOW_PATTERNS
+    files: list[RemoteFile]  # only allow_patterns()
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
 
-def remote_listing(ref: Hub, access: HubAccess) -> RemoteListing:
-    """The commit the revision names now and its files mlx-lm needs; raises HubError."""
+def allow_patterns(trust_remote_code: bool) -> list[str]:
+    """What a pull fetches: mlx-lm's patterns, without code files unless trusted."""
+    if trust_remote_code:
+        return list(ALLOW_PATTERNS)
+    return [p for p in ALLOW_PATTERNS if p not in CODE_PATTERNS]
+
+
+def remote_listing(
+    ref: Hub, access: HubAccess, trust_remote_code: bool = False
+) -> RemoteListing:
+    """The commit the revision names now and its files mlx-lm needs (no code files unless
+    `trust_remote_code`); raises HubError."""
     api = HfApi(endpoint=access.endpoint, token=access.token or False)
     try:
         info = api.model_info(ref.repo_id, revision=ref.revision)
@@ -93,7 +104,7 @@ def remote_listing(ref: Hub, access: HubAccess) -> RemoteListing:
         raise
     except Exception as exc:
         raise explain(exc, ref, access) from exc
-    wanted = filter_repo_objects(list(files), allow_patterns=ALLOW_PATTERNS)
+    wanted = filter_repo_objects(list(files), allow_patterns=allow_patterns(trust_remote_code))
     listing = [
         RemoteFile(p, files[p].size, _etag(files[p]), files[p].lfs is not None) for p in wanted
     ]
