@@ -10,6 +10,7 @@ once, when it is imported.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import httpx2
@@ -41,6 +42,8 @@ ALLOW_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
+# A file's id on the hub (git SHA-1, or SHA-256 for LFS files) names its blob in the cache.
+BLOB_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 CODE_PATTERNS = ("*.py",)  # a model's own code: fetched only under [model] trust_remote_code
 LOGIN_FIX = "log in with `hf auth login`, or set HF_TOKEN to a token with read access"
 
@@ -108,6 +111,12 @@ def remote_listing(
     listing = [
         RemoteFile(p, files[p].size, _etag(files[p]), files[p].lfs is not None) for p in wanted
     ]
+    for f in listing:  # each names a file of the cache's blobs/: never a path of its own
+        if not BLOB_ID.match(f.etag):
+            raise HubError(
+                f"{access.endpoint} gave {f.path} of {ref.spec} the id {f.etag[:80]!r}, which "
+                "is no SHA-1 or SHA-256: refused (is HF_ENDPOINT a hub you trust?)"
+            )
     if not any(f.path == "config.json" for f in listing):
         raise HubError(
             f"{ref.spec} at {commit[:12]} has no config.json: not an mlx-lm model "

@@ -177,3 +177,15 @@ def test_code_files_pulled_only_when_trusted(tmp_path: Path, tiny_model_dir: Pat
         trusted = ModelSettings(path=f"hf:{TEST_REPO}", store=str(tmp_path / "b"),
                                 trust_remote_code=True)
         assert (Path(pull(trusted, PullProgress(), _access(hub)).path) / CODE_FILE).is_file()
+
+
+def test_a_blob_id_that_is_no_hash_is_refused(tmp_path: Path, served: ServedRepo) -> None:
+    """A hub (or mirror) announcing a file id like ../../x is refused before any write."""
+    import dataclasses
+
+    files = dict(served.files)
+    files[WEIGHTS] = dataclasses.replace(files[WEIGHTS], sha256="../../../escaped")
+    hostile = ServedRepo(served.repo_id, served.commit, files)
+    with HubServer([hostile]) as hub, pytest.raises(HubError, match="no SHA-1 or SHA-256"):
+        pull(_model(tmp_path / "store"), PullProgress(), _access(hub))
+    assert not list(tmp_path.rglob("escaped*"))
