@@ -231,8 +231,9 @@ def test_agents_and_ranks_get_no_secrets(smollm_cluster: Cluster) -> None:
         assert not {"TEST_ORCHESTRATOR_KEY", "HF_TOKEN"} & names, process.cmdline()
         assert API_KEY.encode() not in raw and HF_TOKEN.encode() not in raw
         assert {"PATH", "HOME"} <= names
-    for rank in ranks:
-        assert rank_env.RANK in Path(f"/proc/{rank.pid}/environ").read_text()
+    assert all(  # what the launch sets still arrives
+        rank_env.LAUNCH_ID in Path(f"/proc/{rank.pid}/environ").read_text() for rank in ranks
+    )
 
 
 @pytest.mark.e2e
