@@ -140,6 +140,7 @@ class ModelFinalized(Message, tag="model_finalized", kw_only=True):
 NO_SPACE = "no_space"  # the node's file system lacks room: nothing was changed
 MODEL_IO = "model_io"  # a file or directory cannot be read, written or renamed
 MODEL_MISMATCH = "model_mismatch"  # staged files differ from the manifest (removed)
+NOT_OURS = "not_ours"  # something sync did not make sits at the model's path: left intact
 SENDER_UNREACHABLE = "sender_unreachable"  # ModelFetch could not connect (or no TLS)
 
 

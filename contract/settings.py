@@ -54,6 +54,10 @@ class ModelSettings(Section):
     # Sync node by node along the ring: each node fetches from its neighbour that holds a
     # verified copy (over their cable's addresses), so the source sends the model once.
     sync_forwarding: bool = False
+    # Let the model directory run its own Python (an `auto_map` in config.json or
+    # tokenizer_config.json, a `model_file`) on every node, with the ranks' rights; off:
+    # such a model is refused, and `pull` fetches no `*.py`.
+    trust_remote_code: bool = False
 
     @property
     def served_id(self) -> str:

@@ -20,6 +20,7 @@ from typing import BinaryIO, Literal
 
 from contract import rank_env
 from contract.agent_protocol import Exited, Log, Message, RankInfo, Spawn
+from contract.process_env import passed_env
 from node_agent.host_ops import write_files
 from node_agent.pdeathsig import pdeathsig_preexec
 from node_agent.standby import Standby
@@ -180,7 +181,8 @@ class RankTable:
         self._standbys.clear()
 
     def _env(self, req: Spawn) -> dict[str, str]:
-        env = dict(os.environ) if req.inherit_env else {}
+        # Only what a rank needs of ours (contract/process_env.py): never a secret.
+        env = passed_env(os.environ) if req.inherit_env else {}
         env.update(req.env)
         # The deployed code dir first, so `python -m serving` finds the copy this agent runs.
         path = env.get("PYTHONPATH", "")

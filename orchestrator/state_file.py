@@ -43,7 +43,11 @@ def write_state(path: Path, state: ClusterState) -> None:
     """Atomically: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_suffix(f".tmp{os.getpid()}")
-    temp.write_text(tomli_w.dumps(msgspec.to_builtins(state)))
+    # A fresh file of our own, never through a link someone left at the temp name.
+    temp.unlink(missing_ok=True)  # unlink removes a link itself, never its target
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(tomli_w.dumps(msgspec.to_builtins(state)))
     temp.replace(path)
 
 

@@ -73,6 +73,10 @@ class Service:
         self._force = asyncio.Event()
         self._keep_ranks = False  # `down --keep-ranks`: exit, the gang serves on to be adopted
         self.placement: Placement | None = None  # decided at preflight, kept for relaunches
+        # Whether this `up` holds the cluster's state: it adopted the running gang or ended
+        # any earlier one. Before that, the state file and launch secret are the previous
+        # run's, which a later `up` needs to adopt its orphaned gang.
+        self._owner = False
 
     async def run(self) -> int:
         previous = read_state(self.state_file)
@@ -84,6 +88,13 @@ class Service:
                 previous.orchestrator_pid,
                 previous.api_url,
                 self.config_path,
+            )
+            return EXIT_NOT_STARTED
+        if ports_in_use(self.spec.api.host, [self.spec.api.port]):
+            log.error(
+                "%s:%d (api.port) is already in use by another process: free it or set "
+                "[api] port; nothing was started or changed",
+                self.spec.api.host, self.spec.api.port,
             )
             return EXIT_NOT_STARTED
         self._install_signal_handlers()
@@ -116,10 +127,22 @@ class Service:
                 await self._serve(pool)
             finally:
                 await pool.close_all()
-                if not self._keep_ranks:  # else `status`, `down` and `up` find the gang by them
-                    remove_state(self.state_file)
-                    launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
+                self._release_state(previous)
         return EXIT_OK
+
+    def _release_state(self, previous: ClusterState | None) -> None:
+        """Only the `up` that owns the state removes it (and the launch secret); one that
+        exits before it owns anything puts the previous run's record back as it was."""
+        if self._keep_ranks:  # `status`, `down` and `up` find the gang by them
+            return
+        if not self._owner:
+            if previous is not None:
+                write_state(self.state_file, previous)
+            else:
+                remove_state(self.state_file)
+            return
+        remove_state(self.state_file)
+        launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
 
     async def _prepare(
         self, pool: NodePool, links: LinkChecks, previous: ClusterState | None
@@ -132,6 +155,7 @@ class Service:
         if errors:
             return False
         adopted = await adopt_or_clear(self.spec, pool)
+        self._owner = True  # the running gang is ours now, or was ended
         if adopted is not None:
             self.machine.to(GangState.PREFLIGHT, f"adopting launch {adopted.launch_id}")
             self.placement = adopted.plan.placement

@@ -41,13 +41,14 @@ def by_node(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def same_model(net: MultiHost, i: int, model: Path, original: Path) -> bool:
     """Host i's copy at `model` holds original's files, byte for byte (not judged by the
-    sync's manifest)."""
+    sync's manifest; hidden files such as sync's marker aside)."""
     return same_files(net.hosts[i].path(model), original)
 
 
 def same_files(copy: Path, source: Path) -> bool:
-    def files(root: Path) -> list[Path]:
-        return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    def files(root: Path) -> list[Path]:  # hidden ones aside, as sync's manifests do
+        rels = (p.relative_to(root) for p in root.rglob("*") if p.is_file())
+        return sorted(r for r in rels if not any(part.startswith(".") for part in r.parts))
 
     # Read in full each time: filecmp caches by (size, mtime), which a flipped byte keeps.
     return copy.is_dir() and files(copy) == files(source) and all(

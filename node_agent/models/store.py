@@ -5,6 +5,9 @@
                              copy at <path> has right already are hard-linked here, the rest
                              arrive by SFTP; it survives an interrupted sync, which resumes
     <path>.old-sync/         the previous copy for the instant between two renames
+    <path>/.mlx-cluster-sync  in every copy sync put in place: only such a copy (or an empty
+                             directory) is ever replaced; anything else at <path> is refused
+                             and left intact (hidden, so no manifest lists it)
 
 Blocking (hashing, file system); the agent runs these in threads. Every failure is a
 StoreError whose message names the node's path and the file.
@@ -24,6 +27,7 @@ from contract.model_manifest import (
     MODEL_IO,
     MODEL_MISMATCH,
     NO_SPACE,
+    NOT_OURS,
     FileToSend,
     Manifest,
     ModelFinalize,
@@ -46,6 +50,7 @@ from node_agent.probes.system import disk
 
 STAGING_SUFFIX = ".partial-sync"
 OLD_SUFFIX = ".old-sync"
+SYNC_MARKER = ".mlx-cluster-sync"
 SYNC_BUSY = "sync_busy"  # another agent (another orchestrator's sync) is writing this model
 
 # One sync at a time per model path on a node: the agent holds an flock from prepare to
@@ -163,6 +168,7 @@ def _prepare(
             return ModelPrepared(
                 id=req.id, path=str(target), current=True, hashed_bytes=stats.hashed_bytes
             )
+        refuse_foreign(target)
         plan = _plan(target, staging, req, cache, stats)
     except ModelFileError as exc:
         raise StoreError(MODEL_IO, str(exc)) from exc
@@ -330,6 +336,11 @@ def _finalize(
             f"{', '.join(bad[:5])} in {staging} differ from the source's size or SHA-256 "
             "(removed; the next sync sends them again)",
         )
+    refuse_foreign(target)  # may have appeared since prepare
+    try:
+        (staging / SYNC_MARKER).write_text("made by orchestrator sync; replaced by the next\n")
+    except OSError as exc:
+        raise StoreError(MODEL_IO, f"cannot write {staging / SYNC_MARKER}: {exc}") from exc
     _swap(target, staging)
     # Just verified, now under their final names; removing the old copy's links to the
     # same inodes moved their ctime, so record them again (else the next check rehashes).
@@ -339,6 +350,25 @@ def _finalize(
     cache.save()
     return ModelFinalized(
         id=req.id, path=str(target), files=len(req.manifest.files), hashed_bytes=stats.hashed_bytes
+    )
+
+
+def refuse_foreign(target: Path) -> None:
+    """Raise NOT_OURS unless what sits at `target` may be replaced: nothing, an empty
+    directory, or a copy sync made (SYNC_MARKER inside)."""
+    if not (target.exists() or target.is_symlink()):
+        return
+    if target.is_dir() and not target.is_symlink():
+        with contextlib.suppress(OSError):
+            if (target / SYNC_MARKER).is_file() or not any(target.iterdir()):
+                return
+    kind = "symlink" if target.is_symlink() else "directory" if target.is_dir() else "file"
+    raise StoreError(
+        NOT_OURS,
+        f"{target} is a {kind} that sync did not make, and differs from the model; sync "
+        f"replaces only its own copies, so it left {target} intact. Fix: set [model] path "
+        f"to a directory of its own (e.g. {target / 'MODEL-NAME'}), or move {target} away "
+        "and sync again",
     )
 
 

@@ -21,6 +21,7 @@ from contract.model_ref import (
     parse_model_ref,
 )
 from contract.settings import settings_problems
+from orchestrator.config.api_auth import is_loopback
 from orchestrator.config.issues import ConfigIssue
 from orchestrator.config.jaccl_devices import is_jaccl_ring, ring_device_issues
 from orchestrator.config.links import link_issues, rank_addresses
@@ -293,12 +294,12 @@ def _api(spec: ClusterSpec) -> Iterator[ConfigIssue]:
             f"{host!r} is neither an IP address nor a host name",
             'use an address of this machine, e.g. "127.0.0.1", or "0.0.0.0" for all',
         )
-    elif host in ("0.0.0.0", "::") and name is None:
+    elif name is None and not is_loopback(host) and not spec.api.allow_no_key:
         yield ConfigIssue(
             "api.host",
-            f"{host} serves the API to the whole network with no API key",
-            'set api_key_env = "ORCHESTRATOR_API_KEY" (and that variable), or serve on '
-            "127.0.0.1",
+            f"{host} would serve the API beyond this machine with no API key: `up` refuses",
+            'set api_key_env = "ORCHESTRATOR_API_KEY" (and that variable), serve on '
+            "127.0.0.1, or set [api] allow_no_key = true to serve without a key on purpose",
             "warning",
         )
 

@@ -43,9 +43,11 @@ class ClusterSection(Section):
 class ApiSection(Section):
     host: str = "127.0.0.1"
     port: Port = 8000
-    # Name of the environment variable holding the API key; unset means no auth.
+    # Name of the environment variable holding the API key; unset means no auth, which
+    # beyond loopback `up` refuses unless allow_no_key.
     api_key_env: str | None = None
-    # Serve beyond loopback although api_key_env's variable is unset (`up` refuses otherwise).
+    # Serve beyond loopback without a key (api_key_env left out or its variable unset);
+    # `up` refuses otherwise.
     allow_no_key: bool = False
 
 

@@ -10,6 +10,7 @@ once, when it is imported.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import httpx2
@@ -41,6 +42,9 @@ ALLOW_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
+# A file's id on the hub (git SHA-1, or SHA-256 for LFS files) names its blob in the cache.
+BLOB_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+CODE_PATTERNS = ("*.py",)  # a model's own code: fetched only under [model] trust_remote_code
 LOGIN_FIX = "log in with `hf auth login`, or set HF_TOKEN to a token with read access"
 
 
@@ -72,15 +76,25 @@ class RemoteFile:
 @dataclass(frozen=True)
 class RemoteListing:
     commit: str  # the revision resolved now
-    files: list[RemoteFile]  # only ALLOW_PATTERNS
+    files: list[RemoteFile]  # only allow_patterns()
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
 
-def remote_listing(ref: Hub, access: HubAccess) -> RemoteListing:
-    """The commit the revision names now and its files mlx-lm needs; raises HubError."""
+def allow_patterns(trust_remote_code: bool) -> list[str]:
+    """What a pull fetches: mlx-lm's patterns, without code files unless trusted."""
+    if trust_remote_code:
+        return list(ALLOW_PATTERNS)
+    return [p for p in ALLOW_PATTERNS if p not in CODE_PATTERNS]
+
+
+def remote_listing(
+    ref: Hub, access: HubAccess, trust_remote_code: bool = False
+) -> RemoteListing:
+    """The commit the revision names now and its files mlx-lm needs (no code files unless
+    `trust_remote_code`); raises HubError."""
     api = HfApi(endpoint=access.endpoint, token=access.token or False)
     try:
         info = api.model_info(ref.repo_id, revision=ref.revision)
@@ -93,10 +107,16 @@ def remote_listing(ref: Hub, access: HubAccess) -> RemoteListing:
         raise
     except Exception as exc:
         raise explain(exc, ref, access) from exc
-    wanted = filter_repo_objects(list(files), allow_patterns=ALLOW_PATTERNS)
+    wanted = filter_repo_objects(list(files), allow_patterns=allow_patterns(trust_remote_code))
     listing = [
         RemoteFile(p, files[p].size, _etag(files[p]), files[p].lfs is not None) for p in wanted
     ]
+    for f in listing:  # each names a file of the cache's blobs/: never a path of its own
+        if not BLOB_ID.match(f.etag):
+            raise HubError(
+                f"{access.endpoint} gave {f.path} of {ref.spec} the id {f.etag[:80]!r}, which "
+                "is no SHA-1 or SHA-256: refused (is HF_ENDPOINT a hub you trust?)"
+            )
     if not any(f.path == "config.json" for f in listing):
         raise HubError(
             f"{ref.spec} at {commit[:12]} has no config.json: not an mlx-lm model "

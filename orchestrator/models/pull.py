@@ -35,10 +35,10 @@ from contract.model_ref import Hub, parse_hub
 from contract.settings import ModelSettings
 from node_agent.models.store import human
 from orchestrator.models.hub import (
-    ALLOW_PATTERNS,
     HubAccess,
     HubError,
     RemoteFile,
+    allow_patterns,
     explain,
     remote_listing,
 )
@@ -89,8 +89,8 @@ def pull(
     report = PullReport(model.path, offline=access.offline)
     started = time.monotonic()
     if access.offline:
-        return _from_cache(ref, root, report)
-    listing = remote_listing(ref, access)
+        return _from_cache(ref, root, report, model.trust_remote_code)
+    listing = remote_listing(ref, access, model.trust_remote_code)
     report.commit, report.files, report.total_bytes = (
         listing.commit,
         len(listing.files),
@@ -107,19 +107,19 @@ def pull(
         _fetch_all(ref, access, listing.commit, blobs, missing, progress, report)
     finally:
         progress.close()
-    report.path = _link(ref, access, listing.commit, root)
+    report.path = _link(ref, access, listing.commit, root, model.trust_remote_code)
     report.seconds = time.monotonic() - started
     return report
 
 
-def _from_cache(ref: Hub, root: Path, report: PullReport) -> PullReport:
+def _from_cache(ref: Hub, root: Path, report: PullReport, trust: bool) -> PullReport:
     try:
         path = snapshot_download(
             ref.repo_id,
             revision=ref.revision,
             cache_dir=root,
             local_files_only=True,
-            allow_patterns=ALLOW_PATTERNS,
+            allow_patterns=allow_patterns(trust),
         )
     except (LocalEntryNotFoundError, IncompleteSnapshotError) as exc:
         raise HubError(
@@ -282,7 +282,7 @@ class _HashingSink:
         return str(self._hash.hexdigest())
 
 
-def _link(ref: Hub, access: HubAccess, commit: str, root: Path) -> str:
+def _link(ref: Hub, access: HubAccess, commit: str, root: Path, trust: bool) -> str:
     """huggingface_hub writes snapshots/<commit>/ from the blobs now present (no bytes move)
     and we pin the revision the operator named in refs/<revision>."""
     disable_progress_bars()
@@ -291,7 +291,7 @@ def _link(ref: Hub, access: HubAccess, commit: str, root: Path) -> str:
             ref.repo_id,
             revision=commit,
             cache_dir=root,
-            allow_patterns=ALLOW_PATTERNS,
+            allow_patterns=allow_patterns(trust),
             endpoint=access.endpoint,
             token=access.token or False,
         )

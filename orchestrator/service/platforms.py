@@ -106,6 +106,10 @@ class Systemd:
         if not self.target.system:
             notes.insert(0, "a user unit starts at boot only if you linger: "
                             "loginctl enable-linger $USER")
+        else:
+            notes.insert(0, "installed as root: a system unit that runs the orchestrator, its "
+                            "local agents and ranks (and any model code) as root; to run them "
+                            "as an ordinary user, uninstall and install as that user")
         return notes
 
 

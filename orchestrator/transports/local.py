@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 
+from contract.process_env import passed_env
 from node_agent.channel import unix_socket
 from orchestrator.transports.base import Completed, Transport, check_python
 from orchestrator.transports.errors import ErrorKind, TransportError
@@ -157,6 +158,8 @@ class LocalTransport(Transport):
                 # orchestrator only, which then stops the gang in order.
                 start_new_session=True,
                 limit=PIPE_LIMIT,
+                # What it and its ranks need of ours, no secret (contract/process_env.py).
+                env=passed_env(os.environ),
             )
         except OSError as exc:
             raise TransportError(

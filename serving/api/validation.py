@@ -111,14 +111,19 @@ def _check_range(field: str, value: float | None, low: float, high: float) -> No
         raise invalid(f"{field} must be in [{low:g}, {high:g}], got {value}", field)
 
 
+TOKEN_ID = re.compile(r"^[0-9]{1,10}$")
+
+
 def _check_logit_bias(bias: dict[str, float] | None) -> None:
     if not bias:
         return
     if len(bias) > MAX_LOGIT_BIAS:
         raise invalid(f"logit_bias may hold up to {MAX_LOGIT_BIAS} tokens", "logit_bias")
     for key, value in bias.items():
-        if not key.isdigit():
-            raise invalid(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+        # ASCII digits only, and few: "²".isdigit() is True and int() of it (or of
+        # 5000 digits) raises, which would be a 500 for the client's mistake.
+        if not TOKEN_ID.match(key):
+            raise invalid(f"logit_bias keys must be token ids, got {key[:20]!r}", "logit_bias")
         if not -100 <= value <= 100:
             raise invalid(
                 f"logit_bias values must be in [-100, 100], got {value} for {key}", "logit_bias"

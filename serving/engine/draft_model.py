@@ -22,7 +22,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from contract.settings import RankSettings
 from serving.blas import loaded_openblas
 from serving.engine.speculative import SpeculationUnsupported, check_model
-from serving.model.loading import LoadedModel, ModelLoadError, resolve
+from serving.model.loading import LoadedModel, ModelLoadError, resolve, tokenizer_options
+from serving.model.remote_code import refuse_remote_code
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512  # prompt tokens per forward pass when speculation starts
@@ -103,7 +104,11 @@ def load_draft(settings: RankSettings, target: LoadedModel) -> DraftModel:
     started = time.monotonic()
     try:
         path = resolve(settings, float32=bool(loaded_openblas()), spec=spec)
-        model, tokenizer, config = plain_load(str(path), return_config=True)  # type: ignore[misc]
+        trust = settings.model.trust_remote_code
+        refuse_remote_code(path, trust)
+        model, tokenizer, config = plain_load(  # type: ignore[misc]
+            str(path), tokenizer_options(trust), return_config=True, trust_remote_code=trust
+        )
     except Exception as exc:
         raise ModelLoadError(f"serving.draft_model {spec!r}: {exc}") from exc
     rows = int(config.get("vocab_size", 0)) or len(tokenizer.vocab)

@@ -19,6 +19,7 @@ from contract.model_ref import Bundled, ModelRefError, parse_model_ref
 from contract.settings import RankSettings
 from serving.blas import loaded_openblas
 from serving.distributed import is_peer_lost
+from serving.model.remote_code import RemoteCodeRefused, refuse_remote_code
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +87,12 @@ def load(settings: RankSettings, group: mx.distributed.Group) -> LoadedModel:
     path = resolve(settings, float32=_bundled_as_float32(settings, group))
     started = time.monotonic()
     split = settings.pipeline_split
+    trust = settings.model.trust_remote_code
     try:
-        if group.size() > 1 and split:
-            model, tokenizer, config = _load_pipeline(path, group, split)
-        elif group.size() > 1:
-            from mlx_lm.utils import sharded_load
-
-            model, tokenizer, config = sharded_load(
-                str(path), tensor_group=group, return_config=True
-            )
-        else:
-            from mlx_lm import load as plain_load
-
-            model, tokenizer, config = plain_load(  # type: ignore[misc]
-                str(path), return_config=True
-            )
+        refuse_remote_code(path, trust)
+        model, tokenizer, config = _load_weights(path, group, split, trust)
+    except RemoteCodeRefused as exc:
+        raise ModelLoadError(str(exc)) from exc
     except Exception as exc:
         if is_peer_lost(exc):
             raise  # sharded_load ends with a barrier: a peer that died there is not our load
@@ -120,20 +112,48 @@ def load(settings: RankSettings, group: mx.distributed.Group) -> LoadedModel:
     return LoadedModel(model, tokenizer, context, vocab, path)
 
 
+def _load_weights(
+    path: Path, group: mx.distributed.Group, split: list[int] | None, trust: bool
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """Plain, tensor-sharded or pipelined; `trust` is passed to every loader explicitly
+    (sharded_load's tokenizer defaults to trusting, and an empty dict means that too)."""
+    if group.size() > 1 and split:
+        return _load_pipeline(path, group, split, trust)
+    if group.size() > 1:
+        from mlx_lm.utils import sharded_load
+
+        return sharded_load(
+            str(path), tensor_group=group, return_config=True,
+            tokenizer_config=tokenizer_options(trust), trust_remote_code=trust,
+        )
+    from mlx_lm import load as plain_load
+
+    return plain_load(  # type: ignore[return-value]
+        str(path), tokenizer_options(trust), return_config=True, trust_remote_code=trust
+    )
+
+
+def tokenizer_options(trust: bool) -> dict[str, Any]:
+    """What every tokenizer load is given: never empty (mlx-lm reads {} as trusting)."""
+    return {"trust_remote_code": trust}
+
+
 def _load_pipeline(
-    path: Path, group: mx.distributed.Group, split: list[int]
+    path: Path, group: mx.distributed.Group, split: list[int], trust: bool
 ) -> tuple[nn.Module, Any, dict[str, Any]]:
     """mlx-lm's sharded_load with the orchestrator's memory-weighted split (it would split
     evenly): the weights load lazily, and only this rank's layers are ever read."""
     from mlx_lm.utils import load_model, load_tokenizer
 
-    model, config = load_model(path, lazy=True, strict=False, get_model_classes=_model_classes)
+    model, config = load_model(
+        path, lazy=True, strict=False, get_model_classes=_model_classes, trust_remote_code=trust
+    )
     if not hasattr(model, "model") or not hasattr(model.model, "pipeline"):
         raise ModelLoadError(f"mlx-lm cannot pipeline {config.get('model_type')!r} models")
     model.model.pipeline(group, split)
     mx.eval(model.parameters())
     tokenizer = load_tokenizer(
-        path, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id")
+        path, tokenizer_options(trust), eos_token_ids=config.get("eos_token_id")
     )
     mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu, group=group))  # all loaded
     return model, tokenizer, config

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import openai
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,6 +22,7 @@ from contract import rank_env
 from orchestrator.state_file import ClusterState, RankRecord, read_state, write_state
 from testkit.orchestrator_process import (
     Orchestrator,
+    kill_all,
     launch_processes,
     rank0_headers,
     run_cli,
@@ -33,6 +35,7 @@ from testkit.sshd import SshdServer, run_sshd
 
 API_KEY = "test-key-123"
 KEY_ENV = {"TEST_ORCHESTRATOR_KEY": API_KEY}
+HF_TOKEN = "hf_test_token_never_in_a_rank"
 LOCAL3 = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(3)]
 MODEL_ID = "tiny"
 
@@ -56,7 +59,7 @@ def smollm_cluster(
     config = write_cluster(tmp, str(tiny_model_dir), LOCAL3[:2], model={"id": MODEL_ID},
                            api={"api_key_env": "TEST_ORCHESTRATOR_KEY"})
     url = _api_url(config)
-    with running(config, KEY_ENV, url) as orchestrator:
+    with running(config, {**KEY_ENV, "HF_TOKEN": HF_TOKEN}, url) as orchestrator:
         yield Cluster(orchestrator, config, url)
 
 
@@ -214,6 +217,26 @@ def test_bench_measures_the_cluster(smollm_cluster: Cluster) -> None:
 
 
 @pytest.mark.e2e
+def test_agents_and_ranks_get_no_secrets(smollm_cluster: Cluster) -> None:
+    """The API key and HF_TOKEN in the orchestrator's environment reach no agent and no
+    rank (/proc/<pid>/environ); what a rank needs does."""
+    head = psutil.Process(smollm_cluster.orchestrator.process.pid)
+    processes = head.children(recursive=True)
+    agents = [p for p in processes if "node_agent" in p.cmdline()]
+    ranks = [p for p in processes if "serving" in p.cmdline()]  # standby ranks too
+    assert len(agents) == 2 and len(ranks) >= 2, [p.cmdline() for p in processes]
+    for process in agents + ranks:
+        raw = Path(f"/proc/{process.pid}/environ").read_bytes()
+        names = {entry.split(b"=", 1)[0].decode() for entry in raw.split(b"\0") if entry}
+        assert not {"TEST_ORCHESTRATOR_KEY", "HF_TOKEN"} & names, process.cmdline()
+        assert API_KEY.encode() not in raw and HF_TOKEN.encode() not in raw
+        assert {"PATH", "HOME"} <= names
+    assert all(  # what the launch sets still arrives
+        rank_env.LAUNCH_ID in Path(f"/proc/{rank.pid}/environ").read_text() for rank in ranks
+    )
+
+
+@pytest.mark.e2e
 def test_second_up_is_refused(smollm_cluster: Cluster) -> None:
     """A second `up` of the same cluster refuses to start and names the running one."""
     result = run_cli("up", str(smollm_cluster.config), env=KEY_ENV)
@@ -268,6 +291,44 @@ def test_taken_port_fails_preflight(tmp_path: Path, tiny_model_dir: Path) -> Non
         finally:
             orchestrator.stop()
     assert f"127.0.0.1:{port} (api.port) is already in use" in orchestrator.text
+
+
+@pytest.mark.e2e
+def test_a_failed_up_leaves_the_orphaned_gang_adoptable(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """After kill -9, an `up` that exits early (its API port taken) keeps the previous run's
+    state file and launch secret: the next `up` adopts the gang, no relaunch."""
+    import socket
+
+    from orchestrator.launch import launch_secret
+
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:1],
+                           supervisor={"orphan_grace_s": 60.0, "standby_ranks": False})
+    url = _api_url(config)
+    state, secret = tmp_path / "state" / "test.toml", launch_secret.secret_path(
+        tmp_path / "state", "test")
+    first = Orchestrator(config)
+    pids: set[int] = set()
+    try:
+        first.wait_ready(url)
+        pids = first.remember_descendants()
+        first.process.kill()
+        first.wait_exit()
+        kept = state.read_bytes(), secret.read_bytes()
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            squatter.listen()
+            failed = run_cli("up", str(config))
+        assert failed.returncode == 2, failed.stderr
+        assert "(api.port) is already in use" in failed.stderr
+        assert (state.read_bytes(), secret.read_bytes()) == kept
+        with running(config, url=url) as second:
+            assert "adopted launch" in second.text, second.text
+            assert "rank 0 started" not in second.text
+    finally:
+        first.stop()
+        kill_all(pids)
 
 
 @pytest.mark.e2e

@@ -12,6 +12,7 @@ import pytest
 
 from contract.model_manifest import (
     MODEL_MISMATCH,
+    NOT_OURS,
     FileRange,
     ManifestFile,
     ModelFinalize,
@@ -81,12 +82,52 @@ def test_prepare_stage_finalize_renames_a_verified_copy(tmp_path: Path) -> None:
     assert build_manifest(target)[1].hashed_bytes == 0  # and the fingerprint uses it
 
 
+def _send_all(source: Path, staging: Path, manifest_files: list[str]) -> None:
+    for rel in manifest_files:
+        shutil.copyfile(source / rel, staging / rel)
+
+
+def test_sync_replaces_its_own_copy_and_refuses_a_foreign_directory(tmp_path: Path) -> None:
+    """A directory sync did not make (another model's files) is refused, naming the path
+    and the fix, and left intact; the copy sync made carries its marker and is replaced
+    by the next sync of another version."""
+    source = big_model(tmp_path / "src")
+    manifest, _ = build_manifest(source)
+    foreign = tmp_path / "models"
+    (foreign / "other-model").mkdir(parents=True)
+    (foreign / "other-model" / "weights.safetensors").write_bytes(b"precious")
+    for attempt in (store.prepare, store.finalize):
+        with pytest.raises(store.StoreError) as caught:
+            if attempt is store.finalize:  # staged by hand: finalize checks again
+                store.staging_path(foreign).mkdir()
+                _send_all(source, store.staging_path(foreign), [f.path for f in manifest.files])
+                store.finalize(ModelFinalize(path=str(foreign), manifest=manifest))
+            else:
+                store.prepare(ModelPrepare(path=str(foreign), manifest=manifest))
+        assert caught.value.code == NOT_OURS
+        assert f"{foreign} is a directory that sync did not make" in str(caught.value)
+        assert "Fix: set [model] path" in str(caught.value)
+        assert (foreign / "other-model" / "weights.safetensors").read_bytes() == b"precious"
+    ours = tmp_path / "ours"
+    prepared = store.prepare(ModelPrepare(path=str(ours), manifest=manifest))
+    _send_all(source, Path(prepared.staging), [f.path for f in prepared.send])
+    store.finalize(ModelFinalize(path=str(ours), manifest=manifest))
+    assert (ours / store.SYNC_MARKER).is_file()
+    (source / "config.json").write_text('{"model_type": "llama", "changed": true}')
+    changed, _ = build_manifest(source)
+    prepared = store.prepare(ModelPrepare(path=str(ours), manifest=changed))
+    _send_all(source, Path(prepared.staging), [f.path for f in prepared.send])
+    store.finalize(ModelFinalize(path=str(ours), manifest=changed))
+    assert "changed" in (ours / "config.json").read_text()
+
+
 def test_one_changed_file_is_the_only_one_sent(tmp_path: Path) -> None:
     """The right files of a differing copy are linked into staging, not sent again."""
     source = big_model(tmp_path / "src")
     manifest, _ = build_manifest(source)
     target = tmp_path / "model"
     shutil.copytree(source, target)
+    (target / store.SYNC_MARKER).write_text("")  # a copy an earlier sync made
     with (target / "pad.safetensors").open("r+b") as f:
         f.seek(1000)
         f.write(b"\xff")

@@ -112,3 +112,24 @@ def test_bootstrap_with_a_venv_but_only_own_pythons_names_the_cause(tmp_path: Pa
         result.stderr
     )
     assert "remove python from those [[nodes]] tables" in result.stderr
+
+
+def test_up_refuses_a_lan_api_without_api_key_env(tmp_path: Path) -> None:
+    """No api_key_env at all, on 0.0.0.0 or a LAN address: `up` exits 2 naming the field
+    and the fixes; validate warns; allow_no_key = true lets it serve on purpose."""
+    isolated = (  # were `up` to go on, it would fail at once, touching nothing shared
+        f'[cluster]\nstate_dir = "{tmp_path / "state"}"\n[model]\npath = "{tmp_path / "none"}"\n'
+    )
+    for host in ("0.0.0.0", "192.168.1.20"):
+        path = write(tmp_path, isolated + f'[api]\nhost = "{host}"\n[[nodes]]\nname = "a"\n')
+        result = run_cli("up", str(path), env=dict(os.environ))
+        assert result.returncode == 2, result.stderr
+        assert f"{path}: api.api_key_env: is not set" in result.stderr
+        assert "allow_no_key = true" in result.stderr and "preflight" not in result.stderr
+        spec, warnings = check_cluster_file(path)
+        assert [w.path for w in warnings] == ["api.host"] and "`up` refuses" in warnings[0].message
+        assert "no api_key_env: `up` refuses" in summarize(spec, warnings, path, environ={})
+    chosen, warnings = check_cluster_file(
+        write(tmp_path, '[api]\nhost = "0.0.0.0"\nallow_no_key = true\n[[nodes]]\nname = "a"\n')
+    )
+    assert unset_key_issue(chosen, {}) is None and warnings == []

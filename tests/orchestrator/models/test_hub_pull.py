@@ -13,7 +13,7 @@ from contract.settings import ModelSettings
 from orchestrator.models.hub import ALLOW_PATTERNS, HubAccess, HubError
 from orchestrator.models.location import node_path, pinned_commit, resolve_spec
 from orchestrator.models.pull import PARTIAL, PullProgress, pull
-from testkit.hub_server import TEST_REPO, HubServer, ServedRepo
+from testkit.hub_server import TEST_REPO, HubServer, ServedRepo, serve_dir
 
 WEIGHTS = "model.safetensors"
 
@@ -163,3 +163,29 @@ def test_resolve_spec_pins_the_pulled_commit(
     assert resolved.model.path == node_path(spec.model, served.commit)
     assert resolved.model.path.endswith(f"/snapshots/{served.commit}")
     assert resolved.model.served_id == "SmolLM2-135M-Instruct-test"
+
+
+def test_code_files_pulled_only_when_trusted(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A repository's *.py is not fetched unless [model] trust_remote_code is set."""
+    from testkit.remote_code_model import CODE_FILE, with_tokenizer_code
+
+    source = with_tokenizer_code(tiny_model_dir, tmp_path / "repo", tmp_path / "ran")
+    with HubServer([serve_dir(TEST_REPO, source)]) as hub:
+        plain = pull(_model(tmp_path / "a"), PullProgress(), _access(hub))
+        assert not (Path(plain.path) / CODE_FILE).exists()
+        assert (Path(plain.path) / "tokenizer_config.json").is_file()
+        trusted = ModelSettings(path=f"hf:{TEST_REPO}", store=str(tmp_path / "b"),
+                                trust_remote_code=True)
+        assert (Path(pull(trusted, PullProgress(), _access(hub)).path) / CODE_FILE).is_file()
+
+
+def test_a_blob_id_that_is_no_hash_is_refused(tmp_path: Path, served: ServedRepo) -> None:
+    """A hub (or mirror) announcing a file id like ../../x is refused before any write."""
+    import dataclasses
+
+    files = dict(served.files)
+    files[WEIGHTS] = dataclasses.replace(files[WEIGHTS], sha256="../../../escaped")
+    hostile = ServedRepo(served.repo_id, served.commit, files)
+    with HubServer([hostile]) as hub, pytest.raises(HubError, match="no SHA-1 or SHA-256"):
+        pull(_model(tmp_path / "store"), PullProgress(), _access(hub))
+    assert not list(tmp_path.rglob("escaped*"))

@@ -203,3 +203,16 @@ def test_a_resolved_service_waits_for_the_staged_stop_and_passes_on_path_and_hf(
     plist = plistlib.loads(launchd.render_plist(service))
     assert plist["ExitTimeOut"] == timeout
     assert plist["EnvironmentVariables"] == service.environment
+
+
+def test_install_as_root_says_everything_runs_as_root() -> None:
+    """A system unit's notes say the orchestrator, agents, ranks and model code run as root
+    and how to run them as a user; a user unit's do not."""
+    from orchestrator.service.platforms import Systemd
+
+    system = Systemd(systemd.SystemdTarget(True, Path("/etc/systemd/system"), Path("/s")))
+    user = Systemd(systemd.SystemdTarget(False, Path("/home/ada/.config/systemd/user"),
+                                         Path("/s")))
+    assert "ranks (and any model code) as root" in " ".join(system.notes(EXAMPLE))
+    assert "install as that user" in " ".join(system.notes(EXAMPLE))
+    assert "as root" not in " ".join(user.notes(EXAMPLE))

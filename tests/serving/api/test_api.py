@@ -226,6 +226,8 @@ BAD_BODIES = [
     ({"model": MODEL, "messages": chat("x"), "logit_bias": {"x": 1}}, "logit_bias"),
     ({"model": MODEL, "messages": chat("x"), "logit_bias": {"5": 101}}, "logit_bias"),
     ({"model": MODEL, "messages": chat("x"), "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"model": MODEL, "messages": chat("x"), "logit_bias": {"\u00b2": 1}}, "logit_bias"),
+    ({"model": MODEL, "messages": chat("x"), "logit_bias": {"9" * 5000: 1}}, "logit_bias"),
     ({"model": MODEL, "messages": chat("x"), "logprobs": True, "top_logprobs": 21},
      "top_logprobs"),
     ({"model": MODEL, "messages": chat("x"), "top_logprobs": 2}, "top_logprobs"),

@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from node_agent.models.hashes import build_manifest
+from node_agent.models.store import SYNC_MARKER
 from orchestrator.config import ConfigErrors, check_cluster_file
 from orchestrator.provision.sync.transfer import RESUME_WINDOW
 from testkit.netns import HostsFactory, MultiHost, PrivateTmpfs
@@ -118,6 +119,9 @@ def test_one_corrupted_byte_is_found_by_the_full_digest_and_repaired(
     reference = build_manifest(net.hosts[0].path(model))[0]
     flip_a_byte(weights)
     flip_a_byte(model / WEIGHTS)
+    # This machine's copy was placed by hand: sync replaces only its own copies, so the
+    # operator who wants it repaired lets sync own it (a foreign one is refused: test_store).
+    (model / SYNC_MARKER).write_text("")
     here = {"name": "here", "transport": "local", "ip": "127.0.0.1", "python": sys.executable}
     (tmp_path / "wl").mkdir()  # short: an agent socket path under it is bounded (103 bytes)
     nodes_table = [here, net.node(0), net.node(1)]

@@ -11,6 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from node_agent.models.store import SYNC_MARKER
 from serving.model.bundled import default_cache_dir
 from testkit.netns import HostsFactory, PrivateTmpfs
 from testkit.orchestrator_process import run_cli, running, write_cluster
@@ -60,7 +61,7 @@ def test_pipeline_hosts_receive_only_their_shards_and_serve_like_one_rank(
         start, end = node["layers"]
         mine = {layer_shards[n // PER_SHARD] for n in range(start, end)}
         expected = {name for name in whole if not name.startswith("model-")} | {shared} | mine
-        held = {p.name for p in net.hosts[i].path(model).iterdir()}
+        held = {p.name for p in net.hosts[i].path(model).iterdir() if p.name != SYNC_MARKER}
         assert held == expected, (i, node["layers"], sorted(held))
         need = sum(whole[name] for name in expected)
         assert node["status"] == "synced" and node["need_bytes"] == need == node["sent_bytes"]
