@@ -62,7 +62,7 @@ def run(mode: str, model: Any, micro: MicroBatchPipeline, cache: list[Any], firs
 def main() -> None:
     path, split, batches, steps, reps = sys.argv[1], *map(json.loads, sys.argv[2:6])
     group = mx.distributed.init(strict=True, backend="ring")
-    model, tokenizer, _ = _load_pipeline(Path(path), group, split)
+    model, tokenizer, _ = _load_pipeline(Path(path), group, split, trust=False)
     micro = MicroBatchPipeline(model, group)
     modes = ["plain", "serial", "micro"]
     report: dict[str, Any] = {"split": split, "steps": steps, "batches": {}}

@@ -172,7 +172,7 @@ class Response(msgspec.Struct, kw_only=True):
 
 
 # The stream's events.
-class Lifecycle(msgspec.Struct, kw_only=True):
+class Lifecycle(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """response.created / in_progress / completed / incomplete / failed."""
 
     type: str
@@ -180,7 +180,7 @@ class Lifecycle(msgspec.Struct, kw_only=True):
     response: Response
 
 
-class OutputItemEvent(msgspec.Struct, kw_only=True):
+class OutputItemEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """response.output_item.added / .done."""
 
     type: str
@@ -189,7 +189,7 @@ class OutputItemEvent(msgspec.Struct, kw_only=True):
     item: OutputItem
 
 
-class ContentPartEvent(msgspec.Struct, kw_only=True):
+class ContentPartEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """response.content_part.added / .done (and reasoning_summary_part.*)."""
 
     type: str
@@ -200,7 +200,8 @@ class ContentPartEvent(msgspec.Struct, kw_only=True):
     part: OutputText | ReasoningText
 
 
-class TextDeltaEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+class TextDeltaEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
+                     forbid_unknown_fields=True):
     """response.output_text.delta, response.reasoning_text.delta."""
 
     type: str
@@ -212,7 +213,8 @@ class TextDeltaEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: list[dict[str, Any]] | None = None  # output_text's only
 
 
-class TextDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+class TextDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
+                     forbid_unknown_fields=True):
     """response.output_text.done, response.reasoning_text.done."""
 
     type: str
@@ -224,7 +226,7 @@ class TextDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: list[dict[str, Any]] | None = None
 
 
-class ArgumentsDeltaEvent(msgspec.Struct, kw_only=True):
+class ArgumentsDeltaEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """response.function_call_arguments.delta, response.custom_tool_call_input.delta."""
 
     type: str
@@ -234,7 +236,8 @@ class ArgumentsDeltaEvent(msgspec.Struct, kw_only=True):
     delta: str
 
 
-class ArgumentsDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+class ArgumentsDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
+                     forbid_unknown_fields=True):
     """response.function_call_arguments.done (arguments, name), custom_tool_call_input.done
     (input)."""
 
@@ -247,7 +250,7 @@ class ArgumentsDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     input: str | None = None
 
 
-class ErrorEvent(msgspec.Struct, kw_only=True):
+class ErrorEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`error`: a stream that cannot go on (the gateway lost the gang mid-way)."""
 
     type: str = "error"

@@ -9,6 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from node_agent.models.store import SYNC_MARKER
 from testkit.hub_server import TEST_REPO, HubServer, ServedRepo
 from testkit.netns import HostsFactory, PrivateTmpfs
 from testkit.orchestrator_process import running, write_cluster
@@ -61,7 +62,8 @@ def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     assert sum(hub.sent.values()) == total  # pulled once, at the head
     for i in range(HOSTS):
         copy = net.hosts[i].path(snapshot)
-        assert sorted(p.name for p in copy.iterdir()) == sorted(served.files), i
+        held = sorted(p.name for p in copy.iterdir() if p.name != SYNC_MARKER)
+        assert held == sorted(served.files) and (copy / SYNC_MARKER).is_file(), i
         assert not any(p.is_symlink() for p in copy.iterdir())  # plain files on the nodes
 
 
