@@ -72,12 +72,23 @@ class ReasoningSyntax:
     end: str  # "think": the closing marker; "harmony": <|end|>
 
 
-@functools.lru_cache(maxsize=8)
 def reasoning_syntax(tokenizer: Any) -> ReasoningSyntax | None:
     """How this model marks its reasoning, from mlx-lm's tokenizer wrapper; None: it does
     not (everything it writes is content). Kept per tokenizer (one per served model):
     get_vocab() builds the whole vocabulary, ~35 ms for SmolLM2's 49k tokens, which every
     request's handler paid on the event loop and so split requests sent together."""
+    try:
+        return _kept_syntax(tokenizer)
+    except TypeError:  # an unhashable stand-in (tests): read it each time
+        return _syntax(tokenizer)
+
+
+@functools.lru_cache(maxsize=8)
+def _kept_syntax(tokenizer: Any) -> ReasoningSyntax | None:
+    return _syntax(tokenizer)
+
+
+def _syntax(tokenizer: Any) -> ReasoningSyntax | None:
     vocab = _vocab(tokenizer)
     if HARMONY_CHANNEL in vocab and HARMONY_MESSAGE in vocab:
         return ReasoningSyntax("harmony", HARMONY_CHANNEL, HARMONY_END)
