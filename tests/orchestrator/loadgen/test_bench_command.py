@@ -31,6 +31,19 @@ WANTS_KEY: Answers = {"/health": (200, {"status": "ready", "reason": ""}),
 
 
 @contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` on a real HTTP server on 127.0.0.1, in a thread; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
 def stub_gateway(answers: Answers) -> Iterator[str]:
     """A gateway answering GETs as scripted (404 for anything else); yields its URL."""
 
@@ -45,14 +58,8 @@ def stub_gateway(answers: Answers) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             return None
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 def running_at(tmp_path: Path, url: str) -> Path:
@@ -173,14 +180,8 @@ def streaming_gateway(log: ChatLog, gap_s: float) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             return None
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield url
 
 
 def test_the_streams_run_at_once_after_one_uncounted_warm_up(
