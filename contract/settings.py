@@ -100,6 +100,10 @@ class ServingSettings(Section):
     # allocation fails and the rank exits, classified `oom` (serving/memory_limit.py).
     # None: MLX's own default.
     memory_limit_gb: Annotated[float, Meta(gt=0)] | None = None
+    # Bytes of KV each rank may hold for running sequences and the prefix cache; rank 0
+    # admits a request only when its prompt plus max_tokens fit. None: what preflight
+    # leaves after the weights and the reserve, the smallest rank deciding.
+    kv_cache_gb: Annotated[float, Meta(gt=0)] | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
     # Speculative decoding while one request runs alone: "prompt_lookup" drafts from the
