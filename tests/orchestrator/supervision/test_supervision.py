@@ -301,9 +301,10 @@ def test_crash_loop_fails_then_restart_recovers(cluster_factory: Callable[..., C
 
 def test_rank_stuck_loading_is_init_timeout(cluster_factory: Callable[..., Cluster]) -> None:
     """A rank that never finishes loading fails the launch after launch_timeout_s."""
-    # 8 s: twice a tiny gang's launch on a busy 2-core machine; a relaunch that overran it
-    # would only be one more init_timeout before the ready the test waits for.
-    cluster = cluster_factory(fault="hang_on_load:rank=1", launch_timeout_s=8.0)
+    # 15 s: a tiny gang's launch takes 3-4 s on a 2-core machine running another test, but
+    # over 8 s when it is loaded further (seen: every relaunch after the fault was lifted
+    # overran 8 s, and the budget ran out before a ready).
+    cluster = cluster_factory(fault="hang_on_load:rank=1", launch_timeout_s=15.0)
     cluster.wait_for(
         lambda: "restarting: init_timeout: rank 0 on a" in cluster.orchestrator.text,
         "an init_timeout failure",
