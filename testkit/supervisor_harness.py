@@ -88,8 +88,8 @@ class FakePool(NodePool):
         super().__init__(spec, on_event=lambda n, e: None, on_lost=lambda n, x: None)
         self.connect_errors: list[TransportError] = []
 
-    async def connect_all(self) -> list[TransportError]:
-        return self.connect_errors
+    async def connect_all(self, only: list[str] | None = None) -> list[TransportError]:
+        return [e for e in self.connect_errors if only is None or e.node in only]
 
 
 class FakeProbe:
