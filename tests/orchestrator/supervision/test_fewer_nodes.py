@@ -143,8 +143,8 @@ def test_a_node_lacking_the_shards_of_its_new_layers_keeps_waiting_saying_why() 
     assert "past node_wait_s" in result.reason and "a.safetensors" in result.reason
 
 
-def fewer_harness(harness: Any) -> Harness:
-    h: Harness = harness(fewer=True, node_wait_s=NODE_WAIT_S)
+def fewer_harness(harness: Any, **supervisor: Any) -> Harness:
+    h: Harness = harness(fewer=True, node_wait_s=NODE_WAIT_S, **supervisor)
     for name in h.pool.nodes:
         h.pool.nodes[name].fingerprint = fingerprint()
     return h
@@ -173,7 +173,7 @@ async def test_the_loop_serves_on_fewer_nodes_then_back_on_every_node(harness) -
 
 async def test_the_loop_with_the_setting_off_fails_past_node_wait_s(harness) -> None:
     """serve_on_fewer_nodes = false: failed past node_wait_s, no gang on fewer nodes."""
-    h: Harness = harness(fewer=True, node_wait_s=NODE_WAIT_S, serve_on_fewer_nodes=False)
+    h = fewer_harness(harness, serve_on_fewer_nodes=False)
     await h.ready_gang(1)
     h.answers.away_nodes = {"c": ASLEEP}
     h.monitor.on_agent_lost("c", AgentExit("lost", None, []))
