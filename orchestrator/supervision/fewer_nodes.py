@@ -23,6 +23,7 @@ from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
 from orchestrator.placement.remaining import NotPlaced, place_remaining
+from orchestrator.state_file import RankRecord
 from orchestrator.supervision.interfaces import Answers
 from orchestrator.supervision.node_wait import NodeWait
 from orchestrator.supervision.recovery import Fail
@@ -99,6 +100,7 @@ class FewerNodes:
         self.back = False  # every node away answers again: time for the planned switch
         self.on_change: Callable[[], None] = lambda: None  # the shape of the next gang changed
         self._watch: asyncio.Task[None] | None = None
+        self._left: list[RankRecord] = []  # unconfirmed ranks on the nodes away
 
     def gang_maker(self, new_gang: Callable[[], Gang]) -> Callable[[], Gang]:
         """Makes the next gang: on every node, or on those of the re-plan in force."""
@@ -130,6 +132,13 @@ class FewerNodes:
     def shrink(self, shrink: Shrink) -> None:
         self.current, self.back = shrink, False
         self.on_change()
+
+    def stale(self, last: Gang | None) -> list[RankRecord]:
+        """Ranks to reap by PID before the next launch: those of `last` whose stop no
+        agent confirmed, except on the nodes away (kept, and reaped once they are back)."""
+        records, away = (last.unconfirmed() if last else []) + self._left, set(self.away)
+        self._left = [record for record in records if record.node in away]
+        return [record for record in records if record.node not in away]
 
     def restore(self) -> None:
         self.current, self.back = None, False

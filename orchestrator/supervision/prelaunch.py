@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from orchestrator.config import ClusterSpec
-from orchestrator.launch.gang import Gang
 from orchestrator.launch.stale_ranks import end_stale_ranks
+from orchestrator.state_file import RankRecord
 from orchestrator.supervision.failures import Cause, RankFailure
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.rdma_devices import rdma_device_problems
@@ -22,21 +22,22 @@ async def before_launch(
     spec: ClusterSpec,
     pool: NodePool,
     metrics: OrchestratorMetrics,
-    previous: Gang | None,
+    stale: list[RankRecord],
     adopting: bool,
     links: Callable[[], Awaitable[list[RankFailure] | None]] | None,
     clock: Callable[[], float],
 ) -> list[RankFailure] | None:
     """None: launch the gang of `spec` now; else its failures ([] when `links` saw a stop
-    request). `previous`: the gang launched last; `adopting`: the next is a running gang
-    (it holds its ports and devices already); `links`: Waits.links, None to skip them."""
+    request). `stale`: ranks to reap by PID first (their stop was never confirmed);
+    `adopting`: the next is a running gang (it holds its ports and devices already);
+    `links`: Waits.links, None to skip them."""
     errors = await pool.connect_all([node.name for node in spec.nodes])
     for name, node in pool.nodes.items():
         metrics.node_up.labels(node=name).set(1 if node.connected else 0)
     if errors:
         return [RankFailure(Cause.AGENT_LOST, e.node, None, e.message, clock()) for e in errors]
-    if previous is not None:
-        await end_stale_ranks(pool, previous.unconfirmed())
+    if stale:
+        await end_stale_ranks(pool, stale)
     if adopting:
         return None
     devices = await rdma_device_problems(spec, pool, clock())

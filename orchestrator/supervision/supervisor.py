@@ -185,8 +185,9 @@ class Supervisor:
     async def _launch(self) -> list[RankFailure]:
         spec = self.fewer.current.spec if self.fewer.current else self.spec
         links = self.waits.links if self.fewer.current is None else None  # none to nodes away
-        failures = await before_launch(spec, self.pool, self.metrics, self.view.gang,
-                                       self.next.adopting, links, self._clock)
+        stale = self.fewer.stale(self.view.gang)
+        failures = await before_launch(spec, self.pool, self.metrics, stale, self.next.adopting,
+                                       links, self._clock)
         if failures is not None:
             return failures
         gang = self.view.gang = self.next.take()
