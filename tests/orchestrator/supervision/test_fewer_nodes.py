@@ -19,15 +19,17 @@ from contract.model_config import config_info
 from contract.model_shards import WeightShard
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
+from orchestrator.launch.gang import Gang
+from orchestrator.launch.plan import build_plan
 from orchestrator.supervision.failures import Cause
-from orchestrator.supervision.fewer_nodes import KeepWaiting, Shrink, decide_away
+from orchestrator.supervision.fewer_nodes import FewerNodes, KeepWaiting, Shrink, decide_away
 from orchestrator.supervision.node_wait import NodeWait
 from orchestrator.supervision.recovery import Fail
 from orchestrator.supervision.state import GangState
 from orchestrator.transports import AgentExit
 from testkit.fake_clock import FakeClock
 from testkit.model_configs import SMOLLM2
-from testkit.supervisor_harness import Harness, stop
+from testkit.supervisor_harness import FakeAnswers, Harness, stop
 
 GIB = 1024**3
 NODE_WAIT_S = 30.0
@@ -181,3 +183,21 @@ async def test_the_loop_with_the_setting_off_fails_past_node_wait_s(harness) -> 
     assert "longer than node_wait_s (30 s)" in h.supervisor.reason
     assert len(h.gangs) == 1
     await stop(h)
+
+
+def test_ranks_left_on_a_node_away_are_reaped_once_it_is_back() -> None:
+    """The full gang's unconfirmed rank on n1 (away) is not asked of n1 while the gang runs
+    on n0 alone; it is handed for reaping at the launch back on every node."""
+    cluster = spec(2)
+    full = Gang(build_plan(cluster, "L1"), pool=None)  # type: ignore[arg-type]
+    for rank in full.ranks.values():
+        rank.pid = 100 + rank.rank
+    fewer = FewerNodes(cluster, None, FakeAnswers(), FakeClock().sleep, 1.0)
+    prints = {"n0": fingerprint(), "n1": fingerprint()}
+    shrink = decide_away(away_for(NODE_WAIT_S, "n1"), cluster, prints, enabled=True)
+    assert isinstance(shrink, Shrink)
+    fewer.shrink(shrink)
+    assert [r.node for r in fewer.stale(full)] == ["n0"]
+    fewer.restore()
+    assert [(r.node, r.pid) for r in fewer.stale(None)] == [("n1", 101)]
+    assert fewer.stale(None) == []
