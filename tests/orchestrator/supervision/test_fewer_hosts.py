@@ -37,7 +37,7 @@ def complete(client: httpx.Client, url: str, model: str) -> str:
 
 
 def until_status(client: httpx.Client, url: str, check: object, limit_s: float) -> dict:
-    """/status once `check(status)` holds (polled every 0.2 s), else fail with the last."""
+    """/status once `check(status)` holds (polled every 0.2 s); fails at once on `failed`."""
     deadline, seen = time.monotonic() + limit_s, {}
     while time.monotonic() < deadline:
         try:
@@ -46,6 +46,7 @@ def until_status(client: httpx.Client, url: str, check: object, limit_s: float) 
             seen = {}
         if seen and check(seen):  # type: ignore[operator]
             return dict(seen)
+        assert seen.get("state") != "failed", seen
         time.sleep(0.2)
     raise AssertionError(f"status never matched: {seen}")
 
