@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +22,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.timeout(420)]
 
 NODE_WAIT_S = 2.0
 REQUEST_TIMEOUT_S = 60.0
-SETTINGS = {
+SETTINGS: dict[str, dict[str, Any]] = {
     "cluster": {"parallel": "pipeline"},
     "serving": {"request_timeout_s": REQUEST_TIMEOUT_S},
     "supervisor": {"node_wait_s": NODE_WAIT_S, "stop_grace_s": 2.0, "standby_ranks": False,
@@ -36,16 +38,18 @@ def complete(client: httpx.Client, url: str, model: str) -> str:
     return str(reply.json()["choices"][0]["text"])
 
 
-def until_status(client: httpx.Client, url: str, check: object, limit_s: float) -> dict:
+def until_status(
+    client: httpx.Client, url: str, check: Callable[[dict[str, Any]], bool], limit_s: float
+) -> dict[str, Any]:
     """/status once `check(status)` holds (polled every 0.2 s); fails at once on `failed`."""
-    deadline, seen = time.monotonic() + limit_s, {}
+    deadline, seen = time.monotonic() + limit_s, dict[str, Any]()
     while time.monotonic() < deadline:
         try:
             seen = client.get(f"{url}/status").json()
         except (httpx.HTTPError, ValueError):
             seen = {}
-        if seen and check(seen):  # type: ignore[operator]
-            return dict(seen)
+        if seen and check(seen):
+            return seen
         assert seen.get("state") != "failed", seen
         time.sleep(0.2)
     raise AssertionError(f"status never matched: {seen}")
