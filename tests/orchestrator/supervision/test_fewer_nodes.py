@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from contract.fingerprint import (
     ManifestFile,
     MemoryInfo,
@@ -17,7 +19,7 @@ from contract.fingerprint import (
 )
 from contract.model_config import config_info
 from contract.model_shards import WeightShard
-from orchestrator.config import ClusterSpec
+from orchestrator.config import ClusterSpec, ConfigErrors
 from orchestrator.config.load import check_cluster_data
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan
@@ -201,3 +203,13 @@ def test_ranks_left_on_a_node_away_are_reaped_once_it_is_back() -> None:
     fewer.restore()
     assert [(r.node, r.pid) for r in fewer.stale(None)] == [("n1", 101)]
     assert fewer.stale(None) == []
+
+
+def test_the_setting_is_on_by_default_and_checked_with_its_field_path() -> None:
+    """serve_on_fewer_nodes: true unless set; a non-bool names the field and the fix."""
+    assert spec(2).supervisor.serve_on_fewer_nodes is True
+    data = {"nodes": [{"name": "a"}], "supervisor": {"serve_on_fewer_nodes": "yes"}}
+    with pytest.raises(ConfigErrors) as raised:
+        check_cluster_data(data, Path("cluster.toml"))
+    assert "supervisor.serve_on_fewer_nodes: 'yes' is not valid" in str(raised.value)
+    assert "use true or false" in str(raised.value)
