@@ -18,7 +18,7 @@ import msgspec
 
 from contract.fingerprint import NodeFingerprint
 from contract.placement import Placement
-from orchestrator.config import ClusterSpec
+from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.placement.decide import Refusal, place
 from orchestrator.preflight.model import model_preflight
 
@@ -42,10 +42,19 @@ class NotPlaced:
 
 def without(spec: ClusterSpec, away: Collection[str]) -> ClusterSpec:
     """cluster.toml's spec less the nodes `away` and the cables to them; rank order kept
-    (the first remaining node runs rank 0 and the API)."""
-    nodes = [node for node in spec.nodes if node.name not in away]
+    (the first remaining node runs rank 0 and the API). cluster.toml's spec is unchanged."""
+    kept = [i for i, node in enumerate(spec.nodes) if node.name not in away]
+    # A jaccl mesh names each node's device towards every rank, by rank: drop the ranks gone.
+    nodes = [_rdma_towards(spec.nodes[i], kept, len(spec.nodes)) for i in kept]
     links = [link for link in spec.links if not set(link.between) & set(away)]
     return msgspec.structs.replace(spec, nodes=nodes, links=links)
+
+
+def _rdma_towards(node: NodeSpec, kept: list[int], ranks: int) -> NodeSpec:
+    rdma = node.rdma
+    if rdma is None or len(rdma) != ranks:
+        return node
+    return msgspec.structs.replace(node, rdma=[rdma[j] for j in kept])
 
 
 def place_remaining(

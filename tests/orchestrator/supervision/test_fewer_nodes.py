@@ -23,6 +23,7 @@ from orchestrator.config import ClusterSpec, ConfigErrors
 from orchestrator.config.load import check_cluster_data
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan
+from orchestrator.placement.remaining import without
 from orchestrator.supervision.failures import Cause
 from orchestrator.supervision.fewer_nodes import FewerNodes, KeepWaiting, Shrink, decide_away
 from orchestrator.supervision.node_wait import NodeWait
@@ -213,3 +214,17 @@ def test_the_setting_is_on_by_default_and_checked_with_its_field_path() -> None:
         check_cluster_data(data, Path("cluster.toml"))
     assert "supervisor.serve_on_fewer_nodes: 'yes' is not valid" in str(raised.value)
     assert "use true or false" in str(raised.value)
+
+
+def test_a_jaccl_mesh_keeps_each_remaining_nodes_devices_towards_the_remaining_ranks() -> None:
+    """n1 of a 3-node jaccl mesh away: n0 and n2 keep their devices towards each other."""
+    data = {
+        "cluster": {"backend": "jaccl"},
+        "nodes": [{"name": f"n{i}", "ip": f"10.0.0.{i + 1}",
+                   "rdma": [None if j == i else f"rdma_en{j}" for j in range(3)]}
+                  for i in range(3)],
+    }
+    cluster = check_cluster_data(data, Path("cluster.toml"))[0]
+    fewer = without(cluster, ["n1"])
+    assert [node.rdma for node in fewer.nodes] == [[None, "rdma_en2"], ["rdma_en0", None]]
+    assert len(cluster.nodes[0].rdma or []) == 3  # cluster.toml's spec untouched
