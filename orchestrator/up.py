@@ -119,6 +119,7 @@ class Service:
                 lambda: self._new_gang(pool),
                 links=links,
                 on_launch=self._record_launch,
+                fewer_gang=lambda fewer: self._new_gang(pool, fewer.spec, fewer.placement),
             )
             try:
                 if not await self._prepare(pool, links, previous):
@@ -276,12 +277,15 @@ class Service:
             [gateway, asyncio.create_task(self._force.wait())], return_when=asyncio.FIRST_COMPLETED
         )
 
-    def _new_gang(self, pool: NodePool) -> Gang:
+    def _new_gang(self, pool: NodePool, spec: ClusterSpec | None = None,
+                  placement: Placement | None = None) -> Gang:
+        """A gang on every node; or, given `spec` and `placement`, on fewer (a re-plan)."""
+        spec, placement = (spec, placement) if spec else (self.spec, self.placement)
         fingerprints = pool.fingerprints()
-        plan = build_plan(self.spec, new_launch_id(), fingerprints, self.placement)
+        plan = build_plan(spec, new_launch_id(), fingerprints, placement)
         thinking_key.give_to_rank0(
             plan, thinking_key.ensure(self.spec.state_dir, self.spec.cluster.name))
-        return Gang(plan, pool, launch_record(self.spec, plan, fingerprints))
+        return Gang(plan, pool, launch_record(spec, plan, fingerprints))
 
     def _record_launch(self, gang: Gang) -> None:
         # Kept for whoever must reach this launch's rank 0 later (an adopting orchestrator).

@@ -19,6 +19,7 @@ from orchestrator.launch.gang import Gang, SpawnFailure
 from orchestrator.launch.plan import build_plan
 from orchestrator.launch.reachability import LinkFailure
 from orchestrator.supervision.failures import Cause, RunResult
+from orchestrator.supervision.fewer_nodes import Shrink
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.progress import ServingSample
@@ -88,8 +89,8 @@ class FakePool(NodePool):
         super().__init__(spec, on_event=lambda n, e: None, on_lost=lambda n, x: None)
         self.connect_errors: list[TransportError] = []
 
-    async def connect_all(self) -> list[TransportError]:
-        return self.connect_errors
+    async def connect_all(self, only: list[str] | None = None) -> list[TransportError]:
+        return [e for e in self.connect_errors if only is None or e.node in only]
 
 
 class FakeProbe:
@@ -154,7 +155,8 @@ class FakeHolders:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, **supervisor: Any) -> None:
+    def __init__(self, tmp_path: Path, fewer: bool = False, **supervisor: Any) -> None:
+        """fewer: the supervisor can launch a gang on the nodes that remain (as `up`'s)."""
         # Fake time runs while a gang is ready (a watch every real_pause_s): a long reset
         # and window keep a slow test machine from resetting the backoff or the budget.
         settings = {
@@ -201,13 +203,18 @@ class Harness:
             links=self.links,
             answers=self.answers,
             holders=self.holders,
+            fewer_gang=self._fewer_gang if fewer else None,
             clock=self.clock,
             sleep=self.clock.sleep,
         )
 
-    def _new_gang(self) -> FakeGang:
+    def _fewer_gang(self, shrink: Shrink) -> FakeGang:
+        return self._new_gang(shrink.spec)
+
+    def _new_gang(self, spec: ClusterSpec | None = None) -> FakeGang:
         fail = self.fail_spawn.pop(0) if self.fail_spawn else None
-        gang = FakeGang(self.spec, f"L{len(self.gangs) + 1}", fail, self.monitor.on_agent_event)
+        gang = FakeGang(spec or self.spec, f"L{len(self.gangs) + 1}", fail,
+                        self.monitor.on_agent_event)
         gang.exit_on_start = self.start_exits.pop(0) if self.start_exits else None
         self.gangs.append(gang)
         self.launched_at.append(self.clock())
@@ -259,8 +266,8 @@ def harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
     tasks: list[asyncio.Task[RunResult]] = []
     made: list[Harness] = []
 
-    def make(**supervisor: Any) -> Harness:
-        h = Harness(tmp_path, **supervisor)
+    def make(fewer: bool = False, **supervisor: Any) -> Harness:
+        h = Harness(tmp_path, fewer, **supervisor)
         h.task = asyncio.ensure_future(h.supervisor.run())  # type: ignore[attr-defined]
         tasks.append(h.task)  # type: ignore[attr-defined]
         made.append(h)

@@ -63,8 +63,11 @@ class SupervisorSection(Section):
     launch_timeout_s: PositiveSeconds = 600.0
     stop_grace_s: NonNegativeSeconds = 10.0
     # How long to wait for a node that cannot be reached (a Mac asleep or rebooting)
-    # before the cluster is failed; waiting spends no restart.
+    # before serving on the nodes that remain, or failing; waiting spends no restart.
     node_wait_s: PositiveSeconds = 600.0
+    # A node of a multi-node gang away past node_wait_s: serve on the nodes that remain
+    # when the model fits them (re-planned), and on every node again once it answers.
+    serve_on_fewer_nodes: bool = True
     # Keep one started-and-imported rank process per rank waiting for the next launch.
     standby_ranks: bool = True
     # When the orchestrator goes away (crash, kill, upgrade), each agent keeps its ranks

@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from orchestrator.launch.gang import Gang
+from orchestrator.supervision.interfaces import Links
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +38,10 @@ async def stop_gang(gang: Gang, grace_s: float) -> None:
         log.error("ranks still running after stop: %s; killing", ", ".join(leftovers))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(gang.stop(0.0), STOP_ANSWER_S)
+
+
+async def unwatch_links(links: Links | None) -> None:
+    """End the link probes; a node away does not hold it up."""
+    if links is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(links.unwatch(), STOP_ANSWER_S)

@@ -5,6 +5,7 @@
       │                                           ▼
       │     stop every rank, confirm none left, root cause among the reports so far
       ├──── a node away: waiting, no restart spent ─────────── past node_wait_s ──┐
+      │       (or serving on the nodes that remain, fewer_nodes.py)                 │
       ├──── ebusy: end our holders of the RDMA devices, one retry ── held by others ┤
       └──── else: backoff (+ cause cool-down) ───────────────── budget spent ───────┴─▶ failed
 
@@ -20,14 +21,12 @@ objects. Nothing is shared between supervisors: one per model instance can run s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
-from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.supervision import recovery
 from orchestrator.supervision.cluster_view import SupervisorView
 from orchestrator.supervision.failures import (
@@ -37,20 +36,21 @@ from orchestrator.supervision.failures import (
     RunResult,
     classify_spawn,
 )
-from orchestrator.supervision.gang_stop import STOP_ANSWER_S, stop_gang
+from orchestrator.supervision.fewer_nodes import FewerNodes, Shrink
+from orchestrator.supervision.gang_stop import stop_gang, unwatch_links
 from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.next_gang import NextGang
 from orchestrator.supervision.node_wait import NodeAnswers
+from orchestrator.supervision.prelaunch import before_launch
 from orchestrator.supervision.progress import ProgressWatch
 from orchestrator.supervision.races import first_done
-from orchestrator.supervision.rdma_devices import rdma_device_problems
 from orchestrator.supervision.rdma_holders import AgentHolders, end_our_holders, failed_reason
 from orchestrator.supervision.restart_policy import RestartPolicy
 from orchestrator.supervision.snapshot import SupervisorSnapshot
 from orchestrator.supervision.state import GangState, StateMachine
-from orchestrator.supervision.waits import Waits
+from orchestrator.supervision.waits import NODE_RETRY_S, Waits
 from orchestrator.transports.pool import NodePool
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class Supervisor:
         answers: Answers | None = None,
         holders: Holders | None = None,
         on_launch: Callable[[Gang], None] = lambda gang: None,
+        fewer_gang: Callable[[Shrink], Gang] | None = None,  # a gang on the nodes that remain
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -83,7 +84,9 @@ class Supervisor:
         self.waits = Waits(spec.supervisor.node_wait_s, machine, metrics, links, self.answers,
                            clock, lambda seconds: self._stop_within(self._sleep(seconds)))
         self.view = SupervisorView(machine, clock)  # what the gateway and status read
-        self.next = NextGang(new_gang, spec.supervisor.standby_ranks)
+        self.fewer = FewerNodes(spec, fewer_gang, self.answers, sleep, NODE_RETRY_S)
+        self.next = NextGang(self.fewer.gang_maker(new_gang), spec.supervisor.standby_ranks)
+        self.fewer.on_change = self.next.drop_standby  # a standby of another shape is no use
         self._ebusy_retried = False  # the one retry after EBUSY, until a gang is ready
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
         self.policy = RestartPolicy(spec.supervisor, clock)
@@ -132,10 +135,15 @@ class Supervisor:
         try:
             while not self._stop.is_set():
                 result = await self._launch_and_serve()
-                if result is None or not await self._recover(result):
+                if result is None and self.fewer.back and not self._stop.is_set():
+                    # The nodes away answer again: a planned switch back to every node.
+                    self.machine.to(GangState.RESTARTING, self.fewer.back_reason)
+                    await self._stop_gang()  # requests in flight finish; new ones are held
+                    self.fewer.restore()
+                elif result is None or not await self._recover(result):
                     break
         finally:
-            await (self._unwatch() if self._keep_ranks else self._stop_gang())
+            await (unwatch_links(self.links) if self._keep_ranks else self._stop_gang())
             self.machine.to(GangState.STOPPED, "stop requested")
         history = self.view.history
         return RunResult(self.view.restarts, history[-1] if history else None)
@@ -156,9 +164,10 @@ class Supervisor:
                 self.metrics.recovery.observe(self._clock() - self.view.history[-1].root.at)
             self._ready_since = self._clock()
             self._ebusy_retried = False
-            api = self.spec.api
-            self.machine.to(GangState.READY, f"serving at http://{api.host}:{api.port}/v1")
-            if self.links is not None:
+            api, fewer = self.spec.api, self.fewer.current
+            self.machine.to(GangState.READY, f"serving at http://{api.host}:{api.port}/v1"
+                            + (f" {fewer.reason}" if fewer else ""))
+            if self.links is not None and fewer is None:  # no probes to the nodes away
                 await self.links.watch()
             failures = await self._first_of(self._watch_progress())
         if not failures or self._stop.is_set():
@@ -174,26 +183,16 @@ class Supervisor:
         return result
 
     async def _launch(self) -> list[RankFailure]:
-        errors = await self.pool.connect_all()
-        for name, node in self.pool.nodes.items():
-            self.metrics.node_up.labels(node=name).set(1 if node.connected else 0)
-        if errors:
-            return [
-                RankFailure(Cause.AGENT_LOST, error.node, None, error.message, self._clock())
-                for error in errors
-            ]
-        if self.view.gang is not None:
-            await end_stale_ranks(self.pool, self.view.gang.unconfirmed())
-        if not self.next.adopting:  # an adopted gang holds its ports and devices already
-            devices = await rdma_device_problems(self.spec, self.pool, self._clock())
-            if devices:
-                return devices
-            lost = await self.waits.links()
-            if lost is None or lost:
-                return lost or []  # nodes lost meanwhile; none when a stop request came
+        spec = self.fewer.current.spec if self.fewer.current else self.spec
+        links = self.waits.links if self.fewer.current is None else None  # none to nodes away
+        stale = self.fewer.stale(self.view.gang)
+        failures = await before_launch(spec, self.pool, self.metrics, stale, self.next.adopting,
+                                       links, self._clock)
+        if failures is not None:
+            return failures
         gang = self.view.gang = self.next.take()
         self.monitor.watch(gang)
-        log.info("launching %d ranks, launch %s", self.spec.world_size, gang.launch_id)
+        log.info("launching %d ranks, launch %s", spec.world_size, gang.launch_id)
         try:
             spawn_failures = await gang.start()
         finally:
@@ -207,7 +206,7 @@ class Supervisor:
         timeout = self.spec.supervisor.launch_timeout_s
         if await self.probe.healthy(self.view.gang.rank0_url, timeout):
             return None
-        return RankFailure(Cause.INIT_TIMEOUT, self.spec.nodes[0].name, 0,
+        return RankFailure(Cause.INIT_TIMEOUT, self.view.gang.plan.ranks[0].node, 0,
                            f"rank 0 not healthy within {timeout:g} s", self._clock())
 
     async def _watch_progress(self) -> RankFailure | None:
@@ -215,14 +214,16 @@ class Supervisor:
         assert gang is not None
         watch = self.view.progress = ProgressWatch(self.spec.supervisor.hang_timeout_s,
                                                    self._clock())
-        while True:
+        self.fewer.watch_for_return()  # while serving on fewer nodes
+        while not self.fewer.back:  # then a planned switch back to every node
             await self._sleep(WATCH_S)
             self.policy.note_ready(self._ready_since)
             sample = await self.probe.sample(gang.rank0_url)
             reason = watch.observe(sample, self._clock())
             if reason is not None:
-                return RankFailure(Cause.HANG, self.spec.nodes[0].name, 0, reason, self._clock())
+                return RankFailure(Cause.HANG, gang.plan.ranks[0].node, 0, reason, self._clock())
             await self.next.start_standby_when_due(sample, self._clock() - self._ready_since)
+        return None
 
     async def _first_of(self, watch: Awaitable[RankFailure | None]) -> list[RankFailure]:
         """Run `watch` until it finds a failure, an agent reports one, or a stop is
@@ -237,16 +238,19 @@ class Supervisor:
         self.view.history.append(result)
         failure = result.root
         self.machine.to(GangState.RESTARTING, failure.summary())
-        nodes = list(self.pool.nodes)
+        nodes = self.fewer.nodes(list(self.pool.nodes))
         away = await self.answers.away(nodes) if recovery.asks_who_is_away(result) else None
         match recovery.decide(result, away, self.policy, self._ebusy_retried):
             case recovery.Fail(reason):
                 return await self._wait_while_failed(reason)
             case recovery.WaitNodes(gone, since):
-                outcome = await self.waits.nodes(nodes, dict(gone), since)
-                if outcome is None:
-                    return False
-                return await self._wait_while_failed(outcome) if outcome else True
+                decide = self.fewer.decider(self.pool.fingerprints)
+                outcome = await self.waits.nodes(nodes, dict(gone), since, decide)
+                if isinstance(outcome, str) and outcome:
+                    return await self._wait_while_failed(outcome)
+                if isinstance(outcome, Shrink):
+                    self.fewer.shrink(outcome)  # the next launch: on the nodes that remain
+                return outcome is not None
             case recovery.ClearEbusy() as clear:
                 return await self._clear_ebusy(clear)
             case recovery.Backoff(cause, delay, relaunch_at):
@@ -290,11 +294,7 @@ class Supervisor:
         if gang is None:
             return
         grace_s = self.spec.supervisor.stop_grace_s if grace_s is None else grace_s
-        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s), self._unwatch())
+        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s),
+                             unwatch_links(self.links), self.fewer.unwatch())
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
-
-    async def _unwatch(self) -> None:  # end the link probes; a node away does not hold it up
-        if self.links is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.links.unwatch(), STOP_ANSWER_S)

@@ -1,6 +1,7 @@
 """The supervisor's waits between gangs, shown as state `waiting`: for the links between
 ranks to answer, and for nodes that are away (a Mac asleep) to come back. Neither spends
-a restart; a node away past node_wait_s fails the cluster with the reason.
+a restart; past node_wait_s the gang serves on the nodes that remain (fewer_nodes.py) or
+the cluster fails with the reason.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from orchestrator.supervision.failures import Cause, RankFailure
+from orchestrator.supervision.fewer_nodes import KeepWaiting, Shrink
 from orchestrator.supervision.interfaces import Answers, Links
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.node_wait import NodeWait
+from orchestrator.supervision.recovery import Fail
 from orchestrator.supervision.state import GangState, StateMachine
 
 log = logging.getLogger(__name__)
@@ -61,10 +64,17 @@ class Waits:
             self.machine.to(GangState.LAUNCHING, "every link answers again")
         return []
 
-    async def nodes(self, names: list[str], away: dict[str, str], since: float) -> str | None:
-        """Until every node answers again ("": relaunch now), one has been away past
-        node_wait_s (the reason to fail with), or a stop request (None). `since`: when the
-        failure that revealed them was noticed."""
+    async def nodes(
+        self,
+        names: list[str],
+        away: dict[str, str],
+        since: float,
+        decide: Callable[[NodeWait], KeepWaiting | Shrink | Fail],
+    ) -> str | Shrink | None:
+        """Until every node answers again ("": relaunch now), `decide` (fewer_nodes.
+        decide_away) says to serve on the rest (a Shrink) or to fail (the reason, once past
+        node_wait_s), or a stop request (None). `since`: when the failure that revealed
+        them was noticed."""
         wait = NodeWait(self.node_wait_s, self._clock)
         while away:
             if away.keys() != wait.since.keys():
@@ -72,9 +82,13 @@ class Waits:
             wait.update(away, since if not wait.waiting else None)
             for name in away:
                 self.metrics.node_up.labels(node=name).set(0)
-            if wait.overdue():
-                return wait.failed_reason()
-            self.machine.to(GangState.WAITING, wait.reason())
+            match decide(wait):
+                case Fail(reason):
+                    return reason
+                case Shrink() as shrink:
+                    return shrink
+                case KeepWaiting(reason):
+                    self.machine.to(GangState.WAITING, reason)
             if await self._pause(NODE_RETRY_S):
                 return None
             away = await self.answers.away(names)

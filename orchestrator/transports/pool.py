@@ -83,9 +83,11 @@ class NodePool:
             raise TransportError(name, ErrorKind.AGENT_LOST, "the node's agent is not connected")
         return agent
 
-    async def connect_all(self) -> list[TransportError]:
-        """Connect every node not connected yet; returns the failures, one per node."""
-        names = [name for name, node in self.nodes.items() if not node.connected]
+    async def connect_all(self, only: list[str] | None = None) -> list[TransportError]:
+        """Connect every node (of `only`, when given) not connected yet; returns the
+        failures, one per node."""
+        names = [name for name, node in self.nodes.items()
+                 if not node.connected and (only is None or name in only)]
         results = await asyncio.gather(
             *(self.connect(name) for name in names), return_exceptions=True
         )
