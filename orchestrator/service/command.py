@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from contract.private_file import write_private
 from orchestrator.config import ConfigErrors, check_cluster_file
 from orchestrator.config.api_auth import unset_key_issue
 from orchestrator.service.platforms import Platform, PlatformName, ServiceFile, platform_for
@@ -111,12 +112,7 @@ def uninstall(platform: Platform, service: ServiceSpec, runner: Runner) -> int:
 def write_file(file: ServiceFile) -> None:
     """Atomically, with its mode from the start: a secret is never readable by others."""
     file.path.parent.mkdir(parents=True, exist_ok=True)
-    temp = file.path.with_name(f".{file.path.name}.tmp{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file.mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(file.content)
-    os.chmod(temp, file.mode)  # os.open's mode is filtered by the umask
-    temp.replace(file.path)
+    write_private(file.path, file.content, file.mode)
 
 
 def _run_all(commands: list[list[str]], runner: Runner) -> bool:
