@@ -47,6 +47,7 @@ def test_links_inside_and_hf_blob_links_are_fine(tmp_path: Path, tiny_model_dir:
     assert build_manifest(snapshot, contained=True)[0].files
 
 
+@pytest.mark.e2e  # the CLI as a child process: seconds
 def test_sync_refuses_before_connecting(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`orchestrator sync` of a source holding a link out exits 2 naming the file."""
     model = _model(tmp_path, tiny_model_dir)
