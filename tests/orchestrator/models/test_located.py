@@ -15,6 +15,7 @@ from testkit.orchestrator_process import write_cluster
 from testkit.ports import free_port
 
 
+@pytest.mark.e2e  # a pull of the bundled model from the local hub: seconds
 def test_a_pulled_model_is_served_without_the_hub(
     tmp_path: Path, served: ServedRepo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
