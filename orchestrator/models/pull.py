@@ -17,6 +17,7 @@ With HF_HUB_OFFLINE set nothing is fetched: the cache has the model, or the pull
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import threading
@@ -259,6 +260,15 @@ def _fetch(
             "endpoint or a proxy alters files)"
         )
     partial.replace(blobs / f.etag)
+    if f.lfs:  # verified now: the next pull need not read it again
+        _remember(blobs / f.etag, digest)
+
+
+def _remember(blob: Path, sha256: str) -> None:
+    cache = HashCache(blob.parent)
+    with contextlib.suppress(OSError):
+        cache.put(blob.stat(), sha256, blob)
+        cache.save()
 
 
 def _hasher(f: RemoteFile) -> Any:

@@ -209,6 +209,9 @@ def test_a_present_blob_of_the_right_size_but_wrong_bytes_is_fetched_again(
     pull(model, PullProgress(), _access(hub))
     blob = (tmp_path / "store" / f"models--{TEST_REPO.replace('/', '--')}" / "blobs"
             / served.files[WEIGHTS].sha256)
+    from node_agent.models.hashes import HashCache
+
+    assert HashCache(blob.parent).get(blob.stat()) == blob.name  # kept: not read again
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.unlink()  # huggingface_hub's snapshot links point at it by name
