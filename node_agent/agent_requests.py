@@ -35,7 +35,7 @@ def model_request(req: ModelFileRequest) -> Message:
             root = store.model_path(req.path)
             if not root.is_dir():
                 raise store.StoreError(MODEL_IO, f"{root} is not a directory on this node")
-            manifest, stats = build_manifest(root)
+            manifest, stats = build_manifest(root, contained=True)  # the sync source
             return ManifestResult(
                 id=req.id, path=str(root), manifest=manifest, hashed_bytes=stats.hashed_bytes
             )

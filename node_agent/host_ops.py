@@ -9,6 +9,7 @@ import socket
 import time
 from pathlib import Path
 
+from contract.private_file import write_private
 from contract.rank_env import LAUNCH_ID
 
 
@@ -33,10 +34,7 @@ def write_files(directory: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         if not name or name != os.path.basename(name) or name in (".", ".."):
             raise ValueError(f"file name {name!r} must be a plain name")
-        path = directory / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        write_private(directory / name, text.encode())  # never through a link at that name
 
 
 def reap(pid: int, launch_id: str, grace_s: float) -> tuple[bool, str]:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="orchestrator",
-        description="Run one LLM across several Macs with MLX tensor parallelism, supervised.",
+        description="Run one LLM across several Macs with MLX (tensor or pipeline), supervised.",
     )
     versions_help = "print the versions of this program, mlx, mlx-lm and Python"
     parser.add_argument("--version", action=_Version, nargs=0, help=versions_help)
@@ -62,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
 
     command("validate", "check a cluster.toml and summarize it", _validate)
     plan_help = "probe the nodes and print the launch plan (placement, ranks, ports, env)"
-    command("plan", plan_help, _plan).add_argument("--json", action="store_true")
+    command("plan", plan_help, _plan).add_argument(
+        "--json", action="store_true", help="the plan as JSON (TOML without it)"
+    )
     up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)
     up.add_argument("--dry-run", action="store_true", help="print the launch plan and stop")
     status = command(

@@ -188,6 +188,26 @@ def list_files(root: Path) -> list[str]:
     return sorted(r.as_posix() for r in rels if not any(part.startswith(".") for part in r.parts))
 
 
+def refuse_links_out(root: Path, rels: list[str]) -> None:
+    """Sync ships what a model's files resolve to, to every node: a link to ~/.ssh/id_ed25519
+    or /etc/passwd would be copied everywhere. Links inside the model are fine, and so are an
+    HF cache snapshot's links into its repository's blobs/ (snapshots/<commit>/f ->
+    ../../blobs/<id>)."""
+    base = root.resolve()
+    inside = [base]
+    if root.parent.name == "snapshots":
+        inside.append(root.parent.parent.resolve() / "blobs")
+    for rel in rels:
+        path = root / rel
+        target = path.resolve()
+        if not any(target.is_relative_to(where) for where in inside):
+            raise ModelFileError(
+                f"{path} leads to {target}, outside the model directory {root}: sync would "
+                "copy it to every node, so it is refused; copy the file into the model "
+                "directory, or remove the link"
+            )
+
+
 def hash_files(
     root: Path, rels: list[str], cache: HashCache, stats: HashStats
 ) -> dict[str, tuple[int, str]]:
@@ -207,10 +227,16 @@ def hash_files(
     return dict(zip(rels, results, strict=True))
 
 
-def build_manifest(root: Path, cache: HashCache | None = None) -> tuple[Manifest, HashStats]:
-    """The manifest of the directory at root; raises ModelFileError naming the file."""
+def build_manifest(
+    root: Path, cache: HashCache | None = None, contained: bool = False
+) -> tuple[Manifest, HashStats]:
+    """The manifest of the directory at root; raises ModelFileError naming the file.
+    `contained` (a sync source): a symlink leading out of the model is refused."""
     cache = cache or HashCache(root)
     stats = HashStats()
-    hashed = hash_files(root, list_files(root), cache, stats)
+    rels = list_files(root)
+    if contained:
+        refuse_links_out(root, rels)
+    hashed = hash_files(root, rels, cache, stats)
     files = [ManifestFile(path=rel, size=size, sha256=sha) for rel, (size, sha) in hashed.items()]
     return Manifest(files=files), stats

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from contract.bundled_models import ModelResolutionError, bundled_gguf_path
 from contract.fingerprint import ModelConfigInfo, ModelInfo
-from contract.model_config import config_info
+from contract.model_config import ModelConfigError, config_info
 from contract.model_ref import Bundled, ModelRefError, parse_model_ref
 from contract.model_shards import INDEX_FILE, ShardIndexError, index_total_size, parse_index
 from node_agent.models.hashes import ModelFileError, build_manifest
@@ -120,7 +120,9 @@ def inspect_model_dir(spec: str, path: Path) -> ModelInfo:
         info.error = f"{config_path} is missing: not an mlx-lm model directory"
         return info
     try:
-        info.config = config_info(json.loads(config_path.read_text()))
+        info.config = config_info(json.loads(config_path.read_text()), str(config_path))
+    except ModelConfigError as exc:
+        info.error = str(exc)  # names the file and the field
     except (OSError, ValueError) as exc:
         info.error = f"cannot parse {config_path}: {exc}"
     return info

@@ -8,11 +8,12 @@ calling rank 0 directly) can `load` it; a new launch overwrites it with its own.
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 import msgspec
+
+from contract.private_file import write_private
 
 
 class SecretFileError(Exception):
@@ -33,14 +34,10 @@ def secret_path(state_dir: Path, cluster: str) -> Path:
 
 
 def save(state_dir: Path, cluster: str, record: LaunchSecret) -> None:
-    """Atomically, owner-only from the first byte: the file is created 0600, then renamed."""
+    """Atomically, owner-only from the first byte, never through a link (contract/private_file)."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = secret_path(state_dir, cluster)
-    temp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(msgspec.json.encode(record))
-    temp.replace(path)
+    write_private(path, msgspec.json.encode(record))
 
 
 def load(state_dir: Path, cluster: str, launch_id: str | None = None) -> LaunchSecret | None:

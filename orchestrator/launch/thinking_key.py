@@ -9,6 +9,7 @@ import secrets
 from pathlib import Path
 
 from contract import thinking_key
+from contract.private_file import write_private
 from orchestrator.launch.plan import LaunchPlan
 
 
@@ -19,20 +20,24 @@ def key_path(state_dir: Path, cluster: str) -> Path:
 def ensure(state_dir: Path, cluster: str) -> str:
     """The kept key; drawn (256 bits) and written owner-only on first use."""
     path = key_path(state_dir, cluster)
-    try:
-        kept = path.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        kept = ""
+    kept = _read_kept(path)
     if kept:
         return kept
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = secrets.token_urlsafe(32)
-    temp = path.with_suffix(f".tmp{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(key)
-    temp.replace(path)
+    write_private(path, key.encode())
     return key
+
+
+def _read_kept(path: Path) -> str:
+    """The kept key, read from a regular file only: a link at its name is no key of ours
+    (it would make a file someone else chose the signing key)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""  # missing, or a link (ELOOP): a new key replaces it
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        return handle.read().strip()
 
 
 def give_to_rank0(plan: LaunchPlan, key: str) -> None:

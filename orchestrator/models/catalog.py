@@ -21,6 +21,7 @@ from huggingface_hub.errors import CacheNotFound
 from rich.table import Table
 
 from contract.fingerprint import NodeFingerprint
+from contract.model_config import ModelConfigError
 from contract.model_ref import Hub, parse_model_ref
 from node_agent.fingerprint import collect_fingerprint
 from orchestrator.config import ClusterSpec
@@ -57,7 +58,10 @@ def fits_cluster(entry: ModelEntry, spec: ClusterSpec) -> str | None:
     except (OSError, ValueError):
         return None
     weights = sum(p.stat().st_size for p in root.glob("*.safetensors")) or entry.size_bytes
-    decided = fit(config, weights, spec, _this_machine(spec))
+    try:
+        decided = fit(config, weights, spec, _this_machine(spec), str(root / "config.json"))
+    except ModelConfigError as exc:
+        return f"refused: {exc}"
     return None if decided is None else decided.text()
 
 

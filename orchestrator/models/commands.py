@@ -13,7 +13,13 @@ import msgspec
 from contract.model_ref import HUB_PREFIX, Hub, parse_model_ref
 from orchestrator.config import ClusterSpec
 from orchestrator.models.hub import HubError
-from orchestrator.models.location import LocationError, node_path, resolve_spec
+from orchestrator.models.location import (
+    LocationError,
+    head_snapshot,
+    node_path,
+    pinned_commit,
+    resolve_spec,
+)
 from orchestrator.models.progress import LogPullProgress, RichPullProgress
 from orchestrator.models.pull import PullProgress, PullReport, pull
 
@@ -69,11 +75,19 @@ def render(report: PullReport, nodes_at: str, config: Path) -> str:
 
 
 def located(spec: ClusterSpec, config: Path, pull_first: bool) -> ClusterSpec:
-    """The spec `up`/`sync` run with: an hf: model pulled first when asked (logged), then
-    replaced by its pinned directory. Raises HubError or LocationError."""
+    """The spec `up`/`sync` run with: an hf: model pulled first when asked and not pulled
+    yet (logged), then replaced by its pinned directory. Raises HubError or LocationError.
+
+    A model already pulled is served at the commit pulled, without asking the hub: an
+    offline boot still serves, and a new upstream commit never forces a reload on its own;
+    `orchestrator pull` is what moves to it."""
     if not isinstance(parse_model_ref(spec.model.path), Hub):
         return spec
-    if pull_first:
+    commit = pinned_commit(spec.model)
+    if pull_first and commit is not None and head_snapshot(spec.model, commit).is_dir():
+        log.info("model %s: serving the pulled commit %s without asking the hub "
+                 "(`orchestrator pull %s` updates it)", spec.model.path, commit[:12], config)
+    elif pull_first:
         report = pull(spec.model, LogPullProgress(spec.model.path))
         for line in render(report, node_path(spec.model, report.commit), config).splitlines():
             log.info("%s", line.strip())

@@ -49,12 +49,12 @@ def _gb(value: int) -> str:
 
 def fit(
     config: dict[str, object], weight_bytes: int, spec: ClusterSpec,
-    probed: Mapping[str, NodeFingerprint],
+    probed: Mapping[str, NodeFingerprint], source: str = "config.json",
 ) -> Fit | None:
     """None when the config's shape cannot be read. `probed`: fingerprints of the nodes
     measured (this machine's); the others get memory_gb, or unknown memory."""
     model = ModelInfo(spec="catalog", exists=True, kind="mlx_dir", weight_bytes=weight_bytes,
-                      config=config_info(config))
+                      config=config_info(config, source))
     # A node not probed gets no measured memory: its budget is then memory_gb exactly.
     prints = {node.name: _fingerprint(probed.get(node.name), model) for node in spec.nodes}
     assumed = tuple(node.name for node in spec.nodes if node.name not in probed)

@@ -44,6 +44,7 @@ ALLOW_PATTERNS = [
 ]
 # A file's id on the hub (git SHA-1, or SHA-256 for LFS files) names its blob in the cache.
 BLOB_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+COMMIT_ID = re.compile(r"^[0-9a-f]{40}$")
 CODE_PATTERNS = ("*.py",)  # a model's own code: fetched only under [model] trust_remote_code
 LOGIN_FIX = "log in with `hf auth login`, or set HF_TOKEN to a token with read access"
 
@@ -99,8 +100,12 @@ def remote_listing(
     try:
         info = api.model_info(ref.repo_id, revision=ref.revision)
         commit = info.sha
-        if commit is None:
-            raise HubError(f"{access.endpoint} gave no commit for {ref.spec}: is it a hub?")
+        if commit is None or not COMMIT_ID.match(commit):
+            # it names snapshots/<commit>/ in the cache: never a path of its own
+            raise HubError(
+                f"{access.endpoint} gave {ref.spec} the commit {str(commit)[:80]!r}, which is "
+                "no git commit id (40 hex digits): refused (is HF_ENDPOINT a hub you trust?)"
+            )
         tree = api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
         files = {f.path: f for f in tree if isinstance(f, RepoFile)}
     except HubError:

@@ -1,6 +1,7 @@
 """`pull`: an hf: model's files into this machine's HF cache, once, resumable and verified.
 
     hub: revision ─▶ commit, and its files mlx-lm needs (sizes, LFS sha256 / git sha1)
+    blobs already present: checked by hash (kept by size+mtime), a damaged one fetched again
     free disk at the store checked against what is missing ─▶ HubError before any byte
     each missing blob (8 at once): GET with Range into blobs/<etag>.partial
         ─▶ its hash checked against the hub's ─▶ renamed to blobs/<etag>
@@ -16,6 +17,7 @@ With HF_HUB_OFFLINE set nothing is fetched: the cache has the model, or the pull
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import threading
@@ -33,6 +35,7 @@ from huggingface_hub.utils import build_hf_headers, disable_progress_bars
 
 from contract.model_ref import Hub, parse_hub
 from contract.settings import ModelSettings
+from node_agent.models.hashes import HashCache, HashStats, ModelFileError, cached_sha256
 from node_agent.models.store import human
 from orchestrator.models.hub import (
     HubAccess,
@@ -97,7 +100,7 @@ def pull(
         listing.total_bytes,
     )
     blobs = root / ref.folder / "blobs"
-    missing = [f for f in listing.files if not _complete(blobs / f.etag, f.size)]
+    missing = _not_verified(listing.files, blobs)
     partial = {f.etag: _size(blobs / (f.etag + PARTIAL)) for f in missing}
     report.cached_bytes = report.total_bytes - sum(f.size for f in missing)
     report.resumed_bytes = sum(min(partial[f.etag], f.size) for f in missing)
@@ -135,8 +138,32 @@ def _from_cache(ref: Hub, root: Path, report: PullReport, trust: bool) -> PullRe
     return report
 
 
-def _complete(path: Path, size: int) -> bool:
-    return _size(path) == size
+def _not_verified(files: list[RemoteFile], blobs: Path) -> list[RemoteFile]:
+    """The files to fetch: those whose blob is absent, or present (e.g. from `hf download`
+    or mlx-lm, which check sizes only, or damaged on disk) but not hashing to its id; such
+    a blob is removed. A blob's sha256 is kept in the hash cache by size and mtime, so a
+    second pull of a verified 100 GB model does not read it again."""
+    present = [f for f in files if _size(blobs / f.etag) == f.size]
+    if not present:
+        return list(files)
+    cache = HashCache(blobs)
+    try:
+        with ThreadPoolExecutor(PARALLEL_FILES, thread_name_prefix="verify") as pool:
+            sums = list(pool.map(lambda f: _blob_digest(blobs / f.etag, f, cache), present))
+    finally:
+        cache.save()
+    bad = {f.etag for f, digest in zip(present, sums, strict=True) if digest != f.etag}
+    for etag in bad:
+        (blobs / etag).unlink(missing_ok=True)
+    good = {f.etag for f in present} - bad
+    return [f for f in files if f.etag not in good]
+
+
+def _blob_digest(path: Path, f: RemoteFile, cache: HashCache) -> str:
+    try:
+        return cached_sha256(path, cache, HashStats()) if f.lfs else _digest(path, f)
+    except (OSError, ModelFileError):
+        return ""  # unreadable: fetched again
 
 
 def _size(path: Path) -> int:
@@ -233,6 +260,15 @@ def _fetch(
             "endpoint or a proxy alters files)"
         )
     partial.replace(blobs / f.etag)
+    if f.lfs:  # verified now: the next pull need not read it again
+        _remember(blobs / f.etag, digest)
+
+
+def _remember(blob: Path, sha256: str) -> None:
+    cache = HashCache(blob.parent)
+    with contextlib.suppress(OSError):
+        cache.put(blob.stat(), sha256, blob)
+        cache.save()
 
 
 def _hasher(f: RemoteFile) -> Any:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from contract.private_file import write_private
 from orchestrator.config import ConfigErrors, check_cluster_file
 from orchestrator.config.api_auth import unset_key_issue
 from orchestrator.service.platforms import Platform, PlatformName, ServiceFile, platform_for
@@ -34,17 +37,46 @@ def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def resolve(
     config: Path, name: PlatformName, environ: Mapping[str, str], home: Path,
-    installing: bool = True,
+    installing: bool = True, system: bool = False,
 ) -> tuple[Platform, ServiceSpec]:
     """The platform and the service for this cluster.toml; ConfigErrors if it is invalid,
     or, when installing, if `up` would refuse to start from the environment the service
-    gets (status and uninstall need no key: the installed service holds it)."""
+    gets (status and uninstall need no key: the installed service holds it). `system`:
+    launchd's LaunchDaemon, run as the user who ran sudo."""
     spec, _warnings = check_cluster_file(config)
     if installing and (refusal := unset_key_issue(spec, environ)) is not None:
         raise ConfigErrors(config, [refusal])
-    platform = platform_for(name, home, spec.state_dir)
+    daemon_user = None
+    if system:
+        if name != "launchd":
+            raise ServiceError("--system makes a macOS LaunchDaemon; for systemd, install as "
+                               "root for a system unit")
+        daemon_user = daemon_account(environ)
+        home = Path(pwd.getpwnam(daemon_user).pw_dir)
+    platform = platform_for(name, home, spec.state_dir, daemon_user)
     log_file = platform.log_file(spec.cluster.name)
     return platform, service_spec(spec, config, log_file, environ)
+
+
+def daemon_account(environ: Mapping[str, str]) -> str:
+    """Who a LaunchDaemon runs as: the user who ran sudo (as root), else this user (a
+    --dry-run or status without sudo); never root."""
+    user = environ.get("SUDO_USER", "") if os.geteuid() == 0 else pwd.getpwuid(os.getuid()).pw_name
+    if not user or user == "root":
+        raise ServiceError("a LaunchDaemon runs as the account that ran sudo, never as root: "
+                           "run `sudo orchestrator service install --system FILE` from the "
+                           "account that should run the cluster")
+    return user
+
+
+def _own_log(platform: Platform, service: ServiceSpec) -> None:
+    """A daemon installed as root logs into its user's ~/Library/Logs: that user owns it."""
+    service.log_file.parent.mkdir(parents=True, exist_ok=True)
+    user = getattr(platform, "daemon_user", None)
+    if user is not None and os.geteuid() == 0:
+        service.log_file.touch()
+        for path in (service.log_file.parent, service.log_file):
+            shutil.chown(path, user)
 
 
 def install(platform: Platform, service: ServiceSpec, dry_run: bool, runner: Runner) -> int:
@@ -56,12 +88,15 @@ def install(platform: Platform, service: ServiceSpec, dry_run: bool, runner: Run
         for argv in platform.start(service):
             print("$ " + " ".join(argv))
         return EXIT_OK
+    if getattr(platform, "system", False) and os.geteuid() != 0:
+        raise ServiceError(f"a LaunchDaemon goes to {files[0].path.parent}, which needs root: "
+                           "sudo orchestrator service install --system FILE")
     if any(file.path.exists() for file in files):  # a reinstall: the old one stops first
         for argv in platform.stop(service):
             runner(argv)
     for file in files:
         write_file(file)
-    service.log_file.parent.mkdir(parents=True, exist_ok=True)
+    _own_log(platform, service)
     print(f"wrote {', '.join(str(f.path) for f in files)}")
     if not _run_all(platform.start(service), runner):
         print(f"the file is in place; start it by hand once the above is fixed "
@@ -111,12 +146,7 @@ def uninstall(platform: Platform, service: ServiceSpec, runner: Runner) -> int:
 def write_file(file: ServiceFile) -> None:
     """Atomically, with its mode from the start: a secret is never readable by others."""
     file.path.parent.mkdir(parents=True, exist_ok=True)
-    temp = file.path.with_name(f".{file.path.name}.tmp{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file.mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(file.content)
-    os.chmod(temp, file.mode)  # os.open's mode is filtered by the umask
-    temp.replace(file.path)
+    write_private(file.path, file.content, file.mode)
 
 
 def _run_all(commands: list[list[str]], runner: Runner) -> bool:
@@ -152,6 +182,9 @@ def add_service_command(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("config", type=Path, help="path of cluster.toml")
         sub.add_argument("--platform", choices=["launchd", "systemd"], default=None,
                          help="default: launchd on macOS, systemd on Linux")
+        sub.add_argument("--system", action="store_true",
+                         help="macOS: a LaunchDaemon (/Library/LaunchDaemons, with sudo): "
+                         "starts at boot without a login, runs as the user who ran sudo")
         if action == "install":
             sub.add_argument("--dry-run", action="store_true",
                              help="print the files and commands; write and run nothing")
@@ -165,7 +198,8 @@ def service_main(args: argparse.Namespace, runner: Runner = run_command) -> int:
         return EXIT_FAILED
     try:
         installing = args.service_action == "install"
-        platform, service = resolve(args.config, name, os.environ, Path.home(), installing)
+        platform, service = resolve(args.config, name, os.environ, Path.home(), installing,
+                                    args.system)
         if args.service_action == "install":
             return install(platform, service, args.dry_run, runner)
         if args.service_action == "status":

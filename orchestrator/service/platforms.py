@@ -35,35 +35,53 @@ class Platform(Protocol):
 
 @dataclass(frozen=True)
 class Launchd:
-    home: Path
+    home: Path  # the user's home: the agent's plist, the log, a daemon's HOME
     name: PlatformName = "launchd"
+    daemon_user: str | None = None  # a LaunchDaemon run as this user; None: a LaunchAgent
+
+    @property
+    def system(self) -> bool:
+        return self.daemon_user is not None
 
     def log_file(self, cluster: str) -> Path:
         return launchd.log_file(self.home, cluster)
 
+    def plist(self, service: ServiceSpec) -> Path:
+        if self.system:
+            return launchd.daemon_plist_path(service)
+        return launchd.plist_path(self.home, service)
+
     def files(self, service: ServiceSpec) -> list[ServiceFile]:
         mode = 0o600 if service.secret_names else 0o644
-        return [ServiceFile(launchd.plist_path(self.home, service), launchd.render_plist(service),
-                            mode, launchd.render_plist(service, masked=True))]
+        user, home = self.daemon_user, self.home
+        return [ServiceFile(self.plist(service), launchd.render_plist(service, False, user, home),
+                            mode, launchd.render_plist(service, True, user, home))]
 
     def start(self, service: ServiceSpec) -> list[list[str]]:
-        return [launchd.bootstrap(launchd.plist_path(self.home, service))]
+        return [launchd.bootstrap(self.plist(service), self.system)]
 
     def stop(self, service: ServiceSpec) -> list[list[str]]:
-        return [launchd.bootout(service)]
+        return [launchd.bootout(service, self.system)]
 
     def state(self, service: ServiceSpec) -> list[str]:
-        return launchd.print_job(service)
+        return launchd.print_job(service, self.system)
 
     def running(self, state_output: str) -> bool:
         return any(line.strip() == "state = running" for line in state_output.splitlines())
 
     def notes(self, service: ServiceSpec) -> list[str]:
-        path = launchd.plist_path(self.home, service)
+        path = self.plist(service)
+        check = (f"check it: plutil -lint '{path}'; "
+                 f"launchctl print {launchd.domain(self.system)}/{service.label}")
+        if self.system:
+            return [f"a LaunchDaemon: starts at boot without a login, runs as "
+                    f"{self.daemon_user} (not root)", check]
         return [
             "a launchd agent starts when you log in: for a Mac that must serve after a reboot "
-            "without anyone logging in, turn on automatic login (docs/mac-setup.md)",
-            f"check it: plutil -lint '{path}'; launchctl print {launchd.domain()}/{service.label}",
+            "without anyone logging in, turn on automatic login (docs/mac-setup.md); macOS's "
+            "Local Network privacy may block an agent's connections to the other Macs: "
+            "`sudo orchestrator service install --system` makes a LaunchDaemon instead",
+            check,
         ]
 
 
@@ -113,7 +131,10 @@ class Systemd:
         return notes
 
 
-def platform_for(name: PlatformName, home: Path, state_dir: Path) -> Platform:
+def platform_for(
+    name: PlatformName, home: Path, state_dir: Path, daemon_user: str | None = None
+) -> Platform:
+    """`daemon_user` (launchd only): a LaunchDaemon run as that user, `home` being theirs."""
     if name == "launchd":
-        return Launchd(home)
+        return Launchd(home, daemon_user=daemon_user)
     return Systemd(systemd.systemd_target(state_dir, home))

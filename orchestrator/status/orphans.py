@@ -18,7 +18,9 @@ from orchestrator.transports.pool import NodePool
 
 async def _peek(spec: ClusterSpec, node: NodeSpec) -> RankList | str:
     """The node's orphaned agent's ranks, or why there are none to show."""
-    options = AgentOptions(None, None, spec.supervisor.orphan_grace_s, 15.0, secrets.token_hex(8))
+    # Only a look: an agent of another version is reported, never told to end its gang.
+    options = AgentOptions(None, None, spec.supervisor.orphan_grace_s, 15.0,
+                           secrets.token_hex(8), end_other_versions=False)
     socket = socket_path(spec.cluster.state_dir, spec.cluster.name, node.name)
     try:
         async with transport_for(node) as transport:

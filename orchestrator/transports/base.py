@@ -51,6 +51,9 @@ class AgentOptions:
     orphan_grace_s: float
     start_timeout: float
     orchestrator_id: str
+    # An agent of another protocol version is told to end its gang (up, down relaunch or
+    # end it); `status` only looks and passes False: it reports such an agent, ends nothing.
+    end_other_versions: bool = True
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ class Transport(ABC):
             try:
                 return await self._started(self._handle(channel, options, True), options)
             except TransportError as exc:
+                if exc.kind == ErrorKind.PROTOCOL and not options.end_other_versions:
+                    raise
                 if exc.kind == ErrorKind.PROTOCOL:
                     log.warning("[%s] relaunching: %s", self.node.name, exc.message)
                     ending = True
@@ -168,7 +173,7 @@ class Transport(ABC):
         return AgentHandle(self.node.name, channel, on_event=options.on_event,
                            lease_s=options.lease_s, orphan_grace_s=options.orphan_grace_s,
                            orchestrator_id=options.orchestrator_id,
-                           attached=attached)
+                           attached=attached, end_other_versions=options.end_other_versions)
 
     async def _started(self, handle: AgentHandle, options: AgentOptions) -> AgentHandle:
         self._handles.append(handle)

@@ -115,9 +115,11 @@ class AgentHandle:
         orphan_grace_s: float = 0.0,
         orchestrator_id: str = "",
         attached: bool = False,
+        end_other_versions: bool = True,
     ) -> None:
         self.node = node
         self.attached = attached  # reached on its socket: an agent a previous run left
+        self._end_other_versions = end_other_versions
         self.hello: Hello | None = None
         self._channel = channel
         self._on_event = on_event
@@ -156,10 +158,13 @@ class AgentHandle:
         if not isinstance(first, Hello) or first.protocol_version != PROTOCOL_VERSION:
             got = first.protocol_version if isinstance(first, Hello) else type(first).__name__
             message = f"the agent speaks protocol {got}, this orchestrator {PROTOCOL_VERSION}"
-            if isinstance(first, Hello) and self.attached:
+            if isinstance(first, Hello) and self.attached and self._end_other_versions:
                 # Open's version field is frozen: any agent ends its ranks and exits on it.
                 await self._channel.send(protocol.encode(Open(protocol_version=PROTOCOL_VERSION)))
                 message += f"; its gang (agent pid {first.pid}) is ended, to be relaunched"
+            elif isinstance(first, Hello) and self.attached:
+                message += (f" (agent {first.agent_version}, pid {first.pid}): left running; "
+                            "`up` or `down` of this version ends it")
             raise self._start_error(ErrorKind.PROTOCOL, message)
         self.hello = first
         self._tasks.append(asyncio.create_task(self._read_loop(), name=f"agent-{self.node}"))

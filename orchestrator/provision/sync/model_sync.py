@@ -130,7 +130,7 @@ def local_source(spec: ClusterSpec) -> Path:
 async def local_manifest(root: Path) -> tuple[Manifest, int]:
     """(manifest, bytes hashed now) of this machine's copy; SyncError naming a bad file."""
     try:
-        manifest, stats = await asyncio.to_thread(build_manifest, root)
+        manifest, stats = await asyncio.to_thread(build_manifest, root, None, True)
     except ModelFileError as exc:
         raise SyncError(f"cannot read the source on this machine: {exc}") from None
     return manifest, stats.hashed_bytes

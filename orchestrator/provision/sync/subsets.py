@@ -63,9 +63,10 @@ async def node_subsets(
     try:
         index = await source.read(INDEX_FILE, 0, sizes[INDEX_FILE])
         config = json.loads(await source.read("config.json", 0, sizes["config.json"]))
+        info = config_info(config, f"config.json of {spec.model.path}")
         shards = parse_index(index)
     except (OSError, ValueError, ShardIndexError) as exc:
-        log.warning("sending every node the whole model: cannot read the index: %s", exc)
+        log.warning("sending every node the whole model: cannot read the index or config: %s", exc)
         return Subsets()
     if sum(1 for shard in shards if not shard.shared) < 2:
         return Subsets()  # every stage would need every shard: no placement to ask for
@@ -74,7 +75,7 @@ async def node_subsets(
     )
     model = ModelInfo(
         spec=spec.model.path, exists=True, kind="mlx_dir", weight_bytes=weights,
-        config=config_info(config), shards=shards,
+        config=info, shards=shards,
     )
     placement = await _place(spec, pool, model)
     if placement is None:

@@ -18,6 +18,7 @@ import pytest
 from contract.agent_protocol import PROTOCOL_VERSION
 from node_agent.channel import bridge, unix_socket
 from orchestrator.config import NodeSpec
+from orchestrator.transports import TransportError
 from orchestrator.transports.base import AgentOptions
 from orchestrator.transports.local import LocalTransport
 from testkit import paths, require
@@ -234,3 +235,30 @@ async def test_agent_of_another_protocol_ends_its_gang_for_a_relaunch(
     assert "to be relaunched" in caplog.text
     assert await asyncio.wait_for(agent.proc.wait(), 10) == 3
     assert await wait_gone(rank, 5)
+
+
+async def test_a_look_of_another_protocol_leaves_the_gang_serving(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status` of another version (end_other_versions=False) finds an orphaned agent: it
+    is told apart (TransportError naming both versions, "left running"), and the agent and
+    its rank go on; a later attach of the same version still reaches it."""
+    rank = await agent.open_with_rank(grace_s=30.0)
+    assert agent.proc.stdin is not None
+    agent.proc.stdin.close()
+    for _ in range(100):  # orphaned: it logs to its file from then on
+        if agent.path.with_suffix(".log").exists():
+            break
+        await asyncio.sleep(0.05)
+    monkeypatch.setattr("orchestrator.transports.handle.PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
+    transport = LocalTransport(NodeSpec(name="n"))
+    look = AgentOptions(None, None, 30.0, 20.0, "status", end_other_versions=False)
+    with pytest.raises(TransportError, match="left running"):
+        await transport.attach_agent(str(agent.path), look)
+    await asyncio.sleep(0.5)
+    assert agent.proc.returncode is None and not pid_gone(rank)
+    monkeypatch.undo()
+    same = AgentOptions(None, None, 30.0, 20.0, "same")
+    handle = await transport.attach_agent(str(agent.path), same)
+    assert handle is not None
+    await handle.close()

@@ -189,3 +189,37 @@ def test_a_blob_id_that_is_no_hash_is_refused(tmp_path: Path, served: ServedRepo
     with HubServer([hostile]) as hub, pytest.raises(HubError, match="no SHA-1 or SHA-256"):
         pull(_model(tmp_path / "store"), PullProgress(), _access(hub))
     assert not list(tmp_path.rglob("escaped*"))
+
+
+def test_a_commit_id_that_is_no_hash_is_refused(tmp_path: Path, served: ServedRepo) -> None:
+    """A hub answering a revision with a commit like ../../x is refused before any write
+    (it would name snapshots/<commit>/)."""
+    hostile = ServedRepo(served.repo_id, "../../escaped", dict(served.files))
+    with HubServer([hostile]) as hub, pytest.raises(HubError, match="no git commit id"):
+        pull(_model(tmp_path / "store"), PullProgress(), _access(hub))
+    assert not list(tmp_path.rglob("escaped*"))
+
+
+def test_a_present_blob_of_the_right_size_but_wrong_bytes_is_fetched_again(
+    tmp_path: Path, hub: HubServer, served: ServedRepo
+) -> None:
+    """A blob already in the cache (another tool's download, a damaged disk) is checked by
+    its hash, not its size: a damaged one is replaced; a sound one is not fetched again."""
+    model = _model(tmp_path / "store")
+    pull(model, PullProgress(), _access(hub))
+    blob = (tmp_path / "store" / f"models--{TEST_REPO.replace('/', '--')}" / "blobs"
+            / served.files[WEIGHTS].sha256)
+    from node_agent.models.hashes import HashCache
+
+    assert HashCache(blob.parent).get(blob.stat()) == blob.name  # kept: not read again
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.unlink()  # huggingface_hub's snapshot links point at it by name
+    blob.write_bytes(bytes(data))
+    before = hub.sent[WEIGHTS]
+    report = pull(model, PullProgress(), _access(hub))
+    assert hub.sent[WEIGHTS] - before == served.files[WEIGHTS].size
+    assert report.downloaded_bytes == served.files[WEIGHTS].size
+    assert blob.read_bytes() == served.files[WEIGHTS].source.read_bytes()
+    again = pull(model, PullProgress(), _access(hub))
+    assert again.downloaded_bytes == 0

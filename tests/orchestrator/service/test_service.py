@@ -216,3 +216,70 @@ def test_install_as_root_says_everything_runs_as_root() -> None:
     assert "ranks (and any model code) as root" in " ".join(system.notes(EXAMPLE))
     assert "install as that user" in " ".join(system.notes(EXAMPLE))
     assert "as root" not in " ".join(user.notes(EXAMPLE))
+
+
+def _daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Launchd, ServiceSpec]:
+    """`sudo orchestrator service install --system` by `nobody`, whose home is tmp_path/home
+    (pwd's answer for it replaced: no real home is written), plists under tmp_path."""
+    import pwd
+
+    monkeypatch.setattr(launchd, "DAEMON_DIR", tmp_path / "LaunchDaemons")
+    real = pwd.getpwnam("nobody")
+    fake = pwd.struct_passwd((*real[:5], str(tmp_path / "home"), real[6]))
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: fake if name == "nobody" else real)
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", [{"name": "a"}],
+                           api={"api_key_env": "SVC_KEY"})
+    platform, service = resolve(config, "launchd", {"SVC_KEY": KEY, "SUDO_USER": "nobody"},
+                                Path("/var/root"), system=True)
+    assert isinstance(platform, Launchd)
+    return platform, service
+
+
+def test_system_makes_a_launch_daemon_run_as_the_sudo_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--system: /Library/LaunchDaemons/<label>.plist that plistlib reads back with
+    UserName (the sudo user, never root), InitGroups, that user's HOME and log, absolute
+    paths; loaded into the system domain; owner-only (it holds the key)."""
+    if os.geteuid() != 0:
+        pytest.skip("the daemon path is taken as root (sudo)")
+    platform, service = _daemon(tmp_path, monkeypatch)
+    [file] = platform.files(service)
+    assert file.path == tmp_path / "LaunchDaemons" / f"{service.label}.plist"
+    data = plistlib.loads(file.content)
+    assert data["UserName"] == "nobody" and data["InitGroups"] is True
+    assert data["EnvironmentVariables"]["HOME"] == str(tmp_path / "home")
+    assert data["EnvironmentVariables"]["SVC_KEY"] == KEY
+    assert plistlib.loads(file.shown)["EnvironmentVariables"]["SVC_KEY"] == "***"
+    log = tmp_path / "home" / "Library" / "Logs" / "mlx-cluster-orchestrator"
+    assert Path(data["StandardOutPath"]).parent == log
+    assert all(Path(p).is_absolute() for p in (data["ProgramArguments"][0],
+                                                data["ProgramArguments"][-1],
+                                                data["WorkingDirectory"]))
+    manager = Recorder({"print": "system/x = {\n\tstate = running\n}\n"})
+    assert install(platform, service, dry_run=False, runner=manager) == 0
+    assert manager.commands == [["launchctl", "bootstrap", "system", str(file.path)]]
+    assert file.path.stat().st_mode & 0o777 == 0o600
+    assert log.stat().st_uid == Path(service.log_file).stat().st_uid == _uid("nobody")
+    assert status(platform, service, manager) == 0
+    assert uninstall(platform, service, manager) == 0
+    assert manager.commands[-1] == ["launchctl", "bootout", f"system/{service.label}"]
+    assert "runs as nobody (not root)" in " ".join(platform.notes(service))
+
+
+def _uid(name: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(name).pw_uid  # still the patched answer: the same uid
+
+
+def test_a_launch_daemon_never_runs_as_root(tmp_path: Path) -> None:
+    """As root without SUDO_USER (or SUDO_USER=root): refused, saying how; --system with
+    systemd: refused."""
+    config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", [{"name": "a"}])
+    if os.geteuid() == 0:
+        for environ in ({}, {"SUDO_USER": "root"}):
+            with pytest.raises(ServiceError, match="never as root"):
+                resolve(config, "launchd", environ, tmp_path, system=True)
+    with pytest.raises(ServiceError, match="install as root for a system unit"):
+        resolve(config, "systemd", {}, tmp_path, system=True)

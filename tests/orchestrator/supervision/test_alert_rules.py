@@ -44,13 +44,25 @@ RESTARTS = 'orchestrator_restarts_total{cause="rank_crashed"}'
 AVAILABLE = 'orchestrator_node_memory_bytes{kind="available",node="b"}'
 TOTAL = 'orchestrator_node_memory_bytes{kind="total",node="b"}'
 AGE = 'orchestrator_node_usage_age_seconds{node="b"}'
+UP = 'up{job="mlx-cluster",instance="127.0.0.1:8000"}'
 
 
 def _tests() -> list[dict[str, Any]]:
     not_ready, restart_loop = _alert("ClusterNotReady"), _alert("RestartLoop")
     low = _alert("NodeMemoryLow", node="b")  # the comparison drops `kind`
     silent = _alert("NodeSilent", node="b")
+    down = _alert("OrchestratorDown", job="mlx-cluster", instance="127.0.0.1:8000")
+    absent = _alert("OrchestratorMetricsAbsent")
     return [
+        # The orchestrator gone: its target down for over a minute fires; up does not.
+        _case({UP: "0x10"}, [("0m", "OrchestratorDown", []),
+                             ("2m", "OrchestratorDown", [down])]),
+        _case({UP: "1x10"}, [("5m", "OrchestratorDown", [])]),
+        # No orchestrator_state at all (never started, or no scrape job) for 5 minutes
+        # fires; present (whatever its value) does not.
+        _case({UP: "0x10"}, [("3m", "OrchestratorMetricsAbsent", []),
+                             ("6m", "OrchestratorMetricsAbsent", [absent])]),
+        _case({READY: "0x10"}, [("6m", "OrchestratorMetricsAbsent", [])]),
         # Not ready: pending for its first 2 minutes, firing after; ready: never.
         _case({READY: "0x10"}, [("1m", "ClusterNotReady", []),
                                 ("3m", "ClusterNotReady", [not_ready])]),

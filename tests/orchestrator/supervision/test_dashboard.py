@@ -29,6 +29,7 @@ DOCS = paths.ROOT / "docs"
 # Grafana fills these in; the test stands in with what they would be at a 1 s scrape.
 VARIABLES = {"$__rate_interval": "1m", "$__interval": "5s", "${datasource}": ""}
 THRESHOLD = re.compile(r"\s*(<|>|<=|>=|==|!=)\s*[\d.]+\s*$")  # an alert's comparison
+ABSENT = re.compile(r"^absent\((.*)\)$")  # absent(x) compares x's presence
 
 
 def expressions() -> list[tuple[str, str]]:
@@ -44,7 +45,8 @@ def expressions() -> list[tuple[str, str]]:
         # A healthy cluster fires no alert: the rule itself may be empty, but it must
         # evaluate, and what it compares must have series.
         found.append((f"rule {name}", expr))
-        found.append((f"rule {name} (compared)", THRESHOLD.sub("", expr)))
+        compared = ABSENT.sub(r"\1", THRESHOLD.sub("", expr))
+        found.append((f"rule {name} (compared)", compared))
     return found
 
 
