@@ -63,12 +63,9 @@ def _parser() -> argparse.ArgumentParser:
 
     command("validate", "check a cluster.toml and summarize it", _validate)
     plan_help = "probe the nodes and print the launch plan (placement, ranks, ports, env)"
-    plan = command("plan", plan_help, _plan)
-    plan.add_argument("--json", action="store_true")
-    _offline_options(plan)
+    _offline_options(command("plan", plan_help, _plan), "--json", "machine-readable output")
     up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)
-    up.add_argument("--dry-run", action="store_true", help="print the launch plan and stop")
-    _offline_options(up)
+    _offline_options(up, "--dry-run", "print the launch plan and stop")
     status = command(
         "status", "show the running cluster at a glance", _status, config_optional=True
     )
@@ -139,7 +136,8 @@ OFFLINE_HELP = (
 )
 
 
-def _offline_options(sub: argparse.ArgumentParser) -> None:
+def _offline_options(sub: argparse.ArgumentParser, flag: str, flag_help: str) -> None:
+    sub.add_argument(flag, action="store_true", help=flag_help)
     sub.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
     _memory_option(sub)
 

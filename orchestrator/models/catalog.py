@@ -18,6 +18,7 @@ import msgspec
 from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 from rich.table import Table
+from rich.text import Text
 
 from contract.model_ref import Hub, parse_model_ref
 from orchestrator.config import ClusterSpec
@@ -161,6 +162,6 @@ def models_command(spec: ClusterSpec | None, as_json: bool) -> int:
         size = f"{e.size_bytes / 1e9:.2f} GB" + (" (hub)" if e.where == "hub" else "")
         row = [e.name, e.where, revision, size, e.architecture, e.quantization]
         row += [str(e.layers or ""), heads] + ([e.fits or "?"] if spec is not None else [])
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # no rich markup: [[nodes]] is text
     report_console().print(table)
     return 0

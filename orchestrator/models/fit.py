@@ -82,7 +82,8 @@ def fit_model(model: ModelInfo, spec: ClusterSpec,
         return Fit("refused", [], None, f"{decided.check}: {decided.found}", assumed)
     if unknown:  # an unknown memory is no budget: place() would count it as unlimited
         return Fit("unknown", [], None,
-                   f"the memory of {', '.join(unknown)} is not known: set [[nodes]] memory_gb",
+                   f"the memory of {', '.join(unknown)} is not known: set its [[nodes]] "
+                   "memory_gb, or pass --memory-gb NODE=GB",
                    assumed)
     limit = model.config.max_position_embeddings if model.config else None
     context = _largest_context(lambda c: place(_with_context(spec, c), prints), limit)

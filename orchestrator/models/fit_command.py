@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 from rich.table import Table
+from rich.text import Text
 
 from contract.model_ref import ModelRefError, parse_model_ref
 from orchestrator.config import ClusterSpec, ConfigErrors
@@ -55,7 +56,7 @@ def fit_command(spec: ClusterSpec, config: Path, models: list[str], as_json: boo
         for column in ("model", "fits", "read from"):
             table.add_column(column)
         for row in rows:
-            table.add_row(row.model, row.fits, row.source)
+            table.add_row(*(Text(cell) for cell in (row.model, row.fits, row.source)))
         report_console().print(table)
     return EXIT_UNREADABLE if any(row.fit is None for row in rows) else EXIT_OK
 
