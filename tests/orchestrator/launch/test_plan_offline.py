@@ -155,7 +155,7 @@ def test_an_unpulled_hub_model_is_planned_from_its_config_alone(
     assert settings["model"]["path"] == node_path(spec.model, served.commit)
     assert settings["model"]["id"] == "tiny"
     assert "(not pulled; no weight downloaded)" in err
-    assert not (tmp_path / "cache" / "models--org--tiny" / "refs").exists()
+    assert not (tmp_path / "cache" / "models--org--tiny").exists()  # no HF cache entry
 
 
 def test_up_refuses_offline_without_dry_run(tmp_path: Path,

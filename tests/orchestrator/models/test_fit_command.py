@@ -78,7 +78,7 @@ def test_a_hub_model_fits_from_its_config_alone(
     assert result["sequences"] >= 1
     assert "not pulled; no weight downloaded" in str(row["source"])
     assert f"for {result['sequences']} sequences of 8192 tokens" in str(row["fits"])
-    assert not (tmp_path / "cache" / "models--org--tiny" / "refs").exists()
+    assert not (tmp_path / "cache" / "models--org--tiny").exists()  # no HF cache entry
 
 
 def test_the_models_column_reads_the_hub_config_too(
