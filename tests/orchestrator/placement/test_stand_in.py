@@ -26,16 +26,17 @@ HERE = NodeFingerprint(
 
 
 def test_memory_gb_stands_in_even_for_a_local_node() -> None:
-    """Local n0 with memory_gb 1: its budget is 1 GiB, not this machine's 20; local n1
-    without: this machine's available memory less the reserve, shared by the two."""
-    spec = memory_cluster([1, None], transport="local")
+    """Local n0 with memory_gb 190 (the Studio the plan is for): its budget is 190 GiB,
+    not this laptop's 20; local n1 without: this machine's available memory less the
+    reserve, shared by the two."""
+    spec = memory_cluster([190, None], transport="local")
     measured = {"n0": HERE, "n1": HERE}
     prints = stand_in_prints(spec, None, measured)
     budgets = _budgets(spec, prints, {"n0": 2, "n1": 2})
-    assert budgets == [1 * GIB, (20 - 2) * GIB / 2]
+    assert budgets == [190 * GIB, (20 - 2) * GIB / 2]
     assert unknown_memory(spec, measured) == []
     assert memory_source(spec, measured, {}) == {
-        "n0": "1 GiB from memory_gb", "n1": 'measured at this machine (transport = "local")'}
+        "n0": "190 GiB from memory_gb", "n1": 'measured at this machine (transport = "local")'}
 
 
 def test_an_ssh_node_without_memory_is_unknown() -> None:
@@ -46,6 +47,14 @@ def test_an_ssh_node_without_memory_is_unknown() -> None:
     assert unknown_memory(given, {}) == []
     assert memory_source(given, {}, {"n1": 8}) == {
         "n0": "4 GiB from memory_gb", "n1": "8 GiB from --memory-gb"}
+
+
+def test_a_local_node_whose_memory_could_not_be_read_is_unknown() -> None:
+    """This machine's probe without memory (no psutil): unknown, as an ssh node's."""
+    spec = memory_cluster([None], transport="local")
+    assert unknown_memory(spec, {"n0": HERE}) == []
+    unread = NodeFingerprint(hostname="here", os=HERE.os, arch="x86_64", python=HERE.python)
+    assert unknown_memory(spec, {"n0": unread}) == ["n0"]
 
 
 def test_memory_for_an_unknown_node_is_refused() -> None:
