@@ -1,7 +1,7 @@
 """A model's config and weight size read at this machine or from the hub, without any node:
 what `plan --offline`, `up --dry-run --offline` and `models --fit` place.
 
-    bundled:NAME        the GGUF's header, from the package installed here
+    bundled:NAME        the GGUF's header, from the package installed here (a .gguf file too)
     hf:ORG/NAME pulled  the snapshot in this machine's cache (the pinned commit)
     hf:ORG/NAME         the hub's config.json and file listing only: no weight is fetched
     a directory         its config.json and safetensors sizes, if it is at this machine
@@ -40,13 +40,14 @@ def read_model(model: ModelSettings, access: HubAccess | None = None) -> ModelRe
         ref = parse_model_ref(model.path)
     except ModelRefError as exc:
         return ModelRead(None, model.path, str(exc))
-    if isinstance(ref, Bundled):
-        info = inspect_model(model.path)
-        where = "the bundled model's package at this machine"
-        return ModelRead(info if info.config else None, model.path, info.error or where)
     if isinstance(ref, Hub):
         return _read_hub(model, ref, access)
     root = Path(model.path).expanduser()
+    if isinstance(ref, Bundled) or (root.suffix == ".gguf" and root.is_file()):
+        info = inspect_model(model.path)  # a GGUF: its header only
+        where = "the bundled model's package" if isinstance(ref, Bundled) else str(root)
+        return ModelRead(info if info.config else None, model.path,
+                         info.error or f"{where} at this machine")
     if not (root / "config.json").is_file():
         return ModelRead(None, model.path, f"{root} is not a model directory at this machine")
     return _read_here(root, model.path, f"{root} at this machine")
