@@ -13,6 +13,7 @@ from pathlib import Path
 
 from orchestrator.config import ConfigErrors, check_cluster_file
 from orchestrator.config.api_auth import unset_key_issue
+from orchestrator.config.issues import ConfigIssue
 from orchestrator.config.summary import summarize
 from orchestrator.status import control
 
@@ -62,11 +63,10 @@ def _parser() -> argparse.ArgumentParser:
 
     command("validate", "check a cluster.toml and summarize it", _validate)
     plan_help = "probe the nodes and print the launch plan (placement, ranks, ports, env)"
-    command("plan", plan_help, _plan).add_argument(
-        "--json", action="store_true", help="the plan as JSON (TOML without it)"
-    )
+    _offline_options(command("plan", plan_help, _plan), "--json",
+                     "the plan as JSON (TOML without it)")
     up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)
-    up.add_argument("--dry-run", action="store_true", help="print the launch plan and stop")
+    _offline_options(up, "--dry-run", "print the launch plan and stop")
     status = command(
         "status", "show the running cluster at a glance", _status, config_optional=True
     )
@@ -88,8 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     _sync_options(command("sync", sync_help, _sync))
     pull_help = "download the hf: model once to this machine (resumes, verifies)"
     models_help = "the models at this machine and the cluster's own"
-    for sub in (command("pull", pull_help, _pull), command("models", models_help, _models, True)):
+    models = command("models", models_help, _models, True)
+    for sub in (command("pull", pull_help, _pull), models):
         sub.add_argument("--json", action="store_true", help="machine-readable, no progress")
+    _fit_options(models)
     from orchestrator.service.command import add_service_command  # light: no serving stack
 
     add_service_command(commands)
@@ -129,11 +131,51 @@ def _validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+OFFLINE_HELP = (
+    "connect to nothing: each node's memory is its memory_gb (or --memory-gb), a local "
+    "node's is measured here; an hf: model not pulled is read from the hub's config.json"
+)
+
+
+def _offline_options(sub: argparse.ArgumentParser, flag: str, flag_help: str) -> None:
+    sub.add_argument(flag, action="store_true", help=flag_help)
+    sub.add_argument("--offline", action="store_true", help=OFFLINE_HELP)
+    _memory_option(sub)
+
+
+def _memory_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--memory-gb", type=_node_memory, action="append", default=[], metavar="NODE=GB",
+        help="as if [[nodes]] memory_gb of NODE were GB (repeatable)",
+    )
+
+
+def _node_memory(text: str) -> tuple[str, float]:
+    node, _, value = text.partition("=")
+    try:
+        gb = float(value)
+    except ValueError:
+        gb = 0.0
+    if not node or not gb > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NODE=GB (e.g. studio-b=190)")
+    return node, gb
+
+
 def _plan(args: argparse.Namespace) -> int:
+    spec, _warnings = check_cluster_file(args.config)
+    if args.offline:
+        from orchestrator.launch.plan_command import print_offline_plan
+
+        return print_offline_plan(spec, args.config, getattr(args, "json", False),
+                                  dict(args.memory_gb))
     from orchestrator.launch.plan_command import print_plan  # connects to the nodes
     from orchestrator.models.commands import located_or_exit
+    from orchestrator.placement.stand_in import UnknownNodeName, with_memory
 
-    spec, _warnings = check_cluster_file(args.config)
+    try:
+        spec = with_memory(spec, dict(args.memory_gb))
+    except UnknownNodeName as exc:
+        raise ConfigErrors(args.config, [ConfigIssue("nodes", str(exc))]) from None
     located = located_or_exit(spec, args.config, pull_first=False)
     if isinstance(located, int):
         return located
@@ -143,6 +185,9 @@ def _plan(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _plan(args)
+    if args.offline or args.memory_gb:
+        print("up: --offline and --memory-gb only plan: add --dry-run", file=sys.stderr)
+        return EXIT_CONFIG
     from orchestrator.up import Service  # imports the serving stack; not needed above
 
     spec, warnings = check_cluster_file(args.config)
@@ -218,10 +263,27 @@ def _pull(args: argparse.Namespace) -> int:
     return pull_command(spec, args.config, args.json)
 
 
+def _fit_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--fit", action="store_true",
+                     help="whether each MODEL (else the cluster's) fits this cluster, read "
+                     "from its config.json: no weights downloaded")
+    sub.add_argument("model", nargs="*", metavar="MODEL",
+                     help="with --fit: hf:ORG/NAME[@REV] or a model directory here")
+    _memory_option(sub)
+
+
 def _models(args: argparse.Namespace) -> int:
+    given = args.config != DEFAULT_CONFIG or args.config.exists()
+    if args.fit or args.model or args.memory_gb:
+        if not args.fit:
+            print("models: MODEL and --memory-gb go with --fit", file=sys.stderr)
+            return EXIT_CONFIG
+        from orchestrator.models.fit_command import fit_command
+
+        cluster = check_cluster_file(args.config)[0]
+        return fit_command(cluster, args.config, args.model, args.json, dict(args.memory_gb))
     from orchestrator.models.catalog import models_command
 
-    given = args.config != DEFAULT_CONFIG or args.config.exists()
     spec = check_cluster_file(args.config)[0] if given else None
     return models_command(spec, args.json)
 

@@ -31,12 +31,14 @@ from orchestrator.placement.model_size import kv_bytes, model_shape  # noqa: E40
 
 CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
 MODELS = ["Qwen3-30B-A3B", "Qwen3-32B", "Llama-3.3-70B-Instruct", "gpt-oss-120b",
-          "Qwen3-235B-A22B", "GLM-4.5", "DeepSeek-V3", "Kimi-K2-Instruct"]
+          "GLM-4.5-Air", "Qwen3-235B-A22B", "GLM-4.5", "DeepSeek-V3", "Kimi-K2-Instruct"]
 MACS = {  # column: each Mac's RAM in GB
     "2 x 192 GB": [192, 192],
     "3 x 192 GB": [192, 192, 192],
     "4 x 192 GB": [192, 192, 192, 192],
     "3 x 96 GB": [96, 96, 96],
+    "3 x 256 GB": [256, 256, 256],
+    "128 + 64 GB": [128, 64],
     "512 + 192 + 96 GB": [512, 192, 96],
 }
 CONTEXT = 32768

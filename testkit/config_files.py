@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import ConfigErrors, ConfigIssue, check_cluster_file
+from orchestrator.config import ClusterSpec, ConfigErrors, ConfigIssue, check_cluster_file
+from orchestrator.config.load import check_cluster_data
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -20,3 +21,16 @@ def errors_of(tmp_path: Path, text: str) -> list[ConfigIssue]:
     with pytest.raises(ConfigErrors) as caught:
         check_cluster_file(write(tmp_path, text))
     return caught.value.issues
+
+
+def memory_cluster(memory_gb: list[float | None], transport: str = "ssh",
+                   **sections: object) -> ClusterSpec:
+    """A cluster of len(memory_gb) nodes n0, n1...: memory_gb where given (None: unset)."""
+    nodes = [
+        {"name": f"n{i}", "ip": f"10.0.0.{i + 1}", "transport": transport}
+        | ({"ssh": f"me@10.0.0.{i + 1}", "python": "python3"} if transport == "ssh" else {})
+        | ({"memory_gb": gb} if gb is not None else {})
+        for i, gb in enumerate(memory_gb)
+    ]
+    spec, _warnings = check_cluster_data({"nodes": nodes, **sections}, Path("test.toml"))
+    return spec

@@ -3,13 +3,12 @@ cluster's [model] store), what each is, and the cluster's own model even before 
 (its size from the hub's listing).
 
     HF cache, store ─▶ scan_cache_dir ─▶ each snapshot's config.json ─▶ ModelEntry
-    cluster's hf: model not here ─▶ the hub's file listing (sizes) ─▶ ModelEntry
+    cluster's hf: model not here ─▶ the hub's file listing (sizes), config.json ─▶ ModelEntry
     with a cluster file: fits_cluster(entry, spec) fills the "fits" column
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -19,16 +18,17 @@ import msgspec
 from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 from rich.table import Table
+from rich.text import Text
 
-from contract.fingerprint import NodeFingerprint
 from contract.model_config import ModelConfigError
 from contract.model_ref import Hub, parse_model_ref
-from node_agent.fingerprint import collect_fingerprint
 from orchestrator.config import ClusterSpec
 from orchestrator.console import report_console
-from orchestrator.models.fit import fit
-from orchestrator.models.hub import HubAccess, HubError, remote_listing
+from orchestrator.models.fit import fit, fit_model
+from orchestrator.models.hub import HubAccess, HubError
 from orchestrator.models.location import hf_cache_dir, pinned_commit, store_dir
+from orchestrator.models.model_read import read_model
+from orchestrator.placement.stand_in import measured_here
 
 
 @dataclass
@@ -59,24 +59,10 @@ def fits_cluster(entry: ModelEntry, spec: ClusterSpec) -> str | None:
         return None
     weights = sum(p.stat().st_size for p in root.glob("*.safetensors")) or entry.size_bytes
     try:
-        decided = fit(config, weights, spec, _this_machine(spec), str(root / "config.json"))
+        decided = fit(config, weights, spec, measured_here(spec), str(root / "config.json"))
     except ModelConfigError as exc:
         return f"refused: {exc}"
     return None if decided is None else decided.text()
-
-
-def _this_machine(spec: ClusterSpec) -> dict[str, NodeFingerprint]:
-    """Fingerprints of the cluster's local nodes (this machine, probed once)."""
-    local = [node.name for node in spec.nodes if node.transport == "local"]
-    if not local:
-        return {}
-    here = _probe_here()
-    return dict.fromkeys(local, here)
-
-
-@functools.cache
-def _probe_here() -> NodeFingerprint:
-    return collect_fingerprint(None, None)
 
 
 def catalog(spec: ClusterSpec | None, access: HubAccess | None = None) -> list[ModelEntry]:
@@ -88,7 +74,8 @@ def catalog(spec: ClusterSpec | None, access: HubAccess | None = None) -> list[M
     if spec is not None:
         entries += _cluster_model(spec, entries, access)
         for entry in entries:
-            entry.fits = fits_cluster(entry, spec)
+            if entry.where != "hub":  # a hub entry's fit was read from the hub's config
+                entry.fits = fits_cluster(entry, spec)
     return entries
 
 
@@ -126,12 +113,15 @@ def _cluster_model(
     if any(e.name == ref.repo_id and (commit is None or e.commit == commit) for e in known):
         return []
     entry = ModelEntry(ref.repo_id, "hub", refs=ref.revision)
-    try:
-        listing = remote_listing(ref, access or HubAccess.from_env())
+    try:  # the hub's listing and config.json: no weight is fetched
+        read = read_model(spec.model, access or HubAccess.from_env())
     except HubError as exc:
         entry.quantization = f"(not here; the hub: {exc})"
         return [entry]
-    entry.commit, entry.size_bytes = listing.commit, listing.total_bytes
+    assert read.info is not None  # read_model raises for a hub model it cannot read
+    entry.commit, entry.size_bytes = read.path.rsplit("/", 1)[-1], read.info.total_bytes
+    decided = fit_model(read.info, spec, measured_here(spec))
+    entry.fits = None if decided is None else decided.text()
     return [entry]
 
 
@@ -176,6 +166,6 @@ def models_command(spec: ClusterSpec | None, as_json: bool) -> int:
         size = f"{e.size_bytes / 1e9:.2f} GB" + (" (hub)" if e.where == "hub" else "")
         row = [e.name, e.where, revision, size, e.architecture, e.quantization]
         row += [str(e.layers or ""), heads] + ([e.fits or "?"] if spec is not None else [])
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # no rich markup: [[nodes]] is text
     report_console().print(table)
     return 0

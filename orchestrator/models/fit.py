@@ -1,6 +1,9 @@
-"""How a model would be placed on a cluster, for `orchestrator models cluster.toml`: the
-mode (tensor, pipeline or refused), the weights per node and the largest context that
-fits, by the same decision `up` takes (orchestrator/placement/decide.py).
+"""How a model would be placed on a cluster, for `orchestrator models cluster.toml` (its
+fits column) and `models --fit`: the mode (tensor, pipeline, refused, or unknown while a
+node's memory is), the weights per node, the memory left for KV and how many full-context
+sequences it holds, and the largest context that fits, by the same decision `up` takes
+(orchestrator/placement/decide.py) on the fingerprints `plan --offline` uses
+(orchestrator/placement/stand_in.py).
 
 Only this machine is probed (its `local` nodes); any other node's memory is its
 `[[nodes]] memory_gb`, or unknown, and the answer says which.
@@ -13,32 +16,40 @@ from dataclasses import dataclass
 
 import msgspec
 
-from contract.fingerprint import ModelInfo, NodeFingerprint, OsInfo, PythonInfo
+from contract.fingerprint import ModelInfo, NodeFingerprint
 from contract.model_config import config_info
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.placement.decide import Refusal, place
+from orchestrator.placement.stand_in import stand_in_prints, unknown_memory
 
 GB = 1e9
 
 
 @dataclass(frozen=True)
 class Fit:
-    mode: str  # "tensor", "pipeline" or "refused"
-    weight_bytes: list[int]  # per node, in node order (empty when refused)
+    mode: str  # "tensor", "pipeline", "refused" or "unknown" (a node's memory is unknown)
+    weight_bytes: list[int]  # per node, in node order (empty unless it fits)
     max_context: int | None  # the largest context any placement fits (0: none); None: unknown
-    why: str = ""  # a refusal's check and numbers
+    why: str = ""  # a refusal's check and numbers; what is unknown
     assumed: tuple[str, ...] = ()  # nodes not probed: memory_gb, or unknown
+    kv_room_bytes: tuple[int, ...] = ()  # per node: its budget less its weights
+    context: int = 0  # the context placed: [model] context_length, else the model's limit
+    sequences: int | None = None  # full-context sequences the KV room holds on every node
 
     def text(self) -> str:
-        if self.mode == "refused":
-            shown = f"refused: {self.why}"
+        if self.mode in {"refused", "unknown"}:
+            shown = f"{self.mode}: {self.why}"
         else:
             shown = f"{self.mode}, " + " + ".join(_gb(b) for b in self.weight_bytes)
             shown += " GB"
+            if self.kv_room_bytes:
+                shown += ", KV room " + " + ".join(_gb(b) for b in self.kv_room_bytes) + " GB"
+            if self.sequences is not None:
+                shown += f" for {self.sequences} sequences of {self.context} tokens"
         if self.max_context:
             shown += f", context ≤ {self.max_context}"
-        if self.assumed:
+        if self.assumed and self.mode != "unknown":
             shown += f" ({', '.join(self.assumed)}: not probed, memory_gb)"
         return shown
 
@@ -51,36 +62,59 @@ def fit(
     config: dict[str, object], weight_bytes: int, spec: ClusterSpec,
     probed: Mapping[str, NodeFingerprint], source: str = "config.json",
 ) -> Fit | None:
-    """None when the config's shape cannot be read. `probed`: fingerprints of the nodes
-    measured (this machine's); the others get memory_gb, or unknown memory."""
+    """fit_model() of a config.json and its weights' size."""
     model = ModelInfo(spec="catalog", exists=True, kind="mlx_dir", weight_bytes=weight_bytes,
                       config=config_info(config, source))
-    # A node not probed gets no measured memory: its budget is then memory_gb exactly.
-    prints = {node.name: _fingerprint(probed.get(node.name), model) for node in spec.nodes}
+    return fit_model(model, spec, probed)
+
+
+def fit_model(model: ModelInfo, spec: ClusterSpec,
+              probed: Mapping[str, NodeFingerprint]) -> Fit | None:
+    """None when the config's shape cannot be read. `probed`: fingerprints of the nodes
+    measured (this machine's); the others get memory_gb, or unknown memory."""
+    prints = stand_in_prints(spec, model, probed)
     assumed = tuple(node.name for node in spec.nodes if node.name not in probed)
     decided = place(spec, prints)
     if decided is None:
         return None
-    known = bool(probed) or any(node.memory_gb for node in spec.nodes)
+    unknown = unknown_memory(spec, probed)
+    if isinstance(decided, Refusal) and decided.check != "memory":
+        return Fit("refused", [], None, f"{decided.check}: {decided.found}", assumed)
+    if unknown:  # an unknown memory is no budget: place() would count it as unlimited
+        return Fit("unknown", [], None,
+                   f"the memory of {', '.join(unknown)} is not known: set its [[nodes]] "
+                   "memory_gb, or pass --memory-gb NODE=GB",
+                   assumed)
     limit = model.config.max_position_embeddings if model.config else None
-    context = (_largest_context(lambda c: place(_with_context(spec, c), prints), limit)
-               if known else None)
+    context = _largest_context(lambda c: place(_with_context(spec, c), prints), limit)
     if isinstance(decided, Refusal):
         return Fit("refused", [], context, f"{decided.check}: {decided.found}", assumed)
     return Fit(decided.mode, [share.weight_bytes for share in decided.ranks], context,
-               assumed=assumed)
+               assumed=assumed, kv_room_bytes=tuple(kv_room(decided)),
+               context=spec.model.context_length or limit or 4096,  # as decide.py reads it
+               sequences=full_context_sequences(decided))
 
 
-def _fingerprint(probed: NodeFingerprint | None, model: ModelInfo) -> NodeFingerprint:
-    if probed is not None:
-        return msgspec.structs.replace(probed, model=model)
-    return NodeFingerprint(
-        hostname="?",
-        os=OsInfo(system="?", name="?", version="?", kernel="?"),
-        arch="?",
-        python=PythonInfo(version="?", executable="?", implementation="?"),
-        model=model,
-    )
+def kv_room(placement: Placement) -> list[int]:
+    """Per rank: what its budget leaves beside its weights (0 where the budget is unknown)."""
+    return [max((share.budget_bytes or 0) - share.weight_bytes, 0) for share in placement.ranks]
+
+
+def full_context_sequences(placement: Placement) -> int | None:
+    """How many sequences of the placed context the KV room holds on every rank at once
+    (each rank's share of one sequence is its kv_bytes); None when no rank keeps a growing
+    KV cache or a budget is unknown.
+
+    A small count of its own until contract/ holds the KV-bytes-per-token function the
+    admission work adds: the integrator may make both read that one."""
+    counts = [
+        room // share.kv_bytes
+        for share, room in zip(placement.ranks, kv_room(placement), strict=True)
+        if share.kv_bytes > 0
+    ]
+    if not counts or any(share.budget_bytes is None for share in placement.ranks):
+        return None
+    return min(counts)
 
 
 def _with_context(spec: ClusterSpec, context: int) -> ClusterSpec:

@@ -9,9 +9,13 @@ once, when it is imported.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx2
 from huggingface_hub import HfApi, get_token
@@ -128,6 +132,24 @@ def remote_listing(
             "(look for its MLX conversion, e.g. under mlx-community/)"
         )
     return RemoteListing(commit, sorted(listing, key=lambda f: f.path))
+
+
+def remote_config(ref: Hub, access: HubAccess, commit: str) -> dict[str, Any]:
+    """The model's config.json at `commit`, read from the hub into a temporary directory:
+    not into the HF cache, whose refs/ would then say the model was pulled. Raises HubError."""
+    api = HfApi(endpoint=access.endpoint, token=access.token or False)
+    with tempfile.TemporaryDirectory(prefix="hub-config-") as folder:
+        try:
+            path = api.hf_hub_download(ref.repo_id, "config.json", revision=commit,
+                                       local_dir=folder)
+            config = json.loads(Path(str(path)).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise HubError(f"{ref.spec}: its config.json is not JSON: {exc}") from exc
+        except Exception as exc:
+            raise explain(exc, ref, access) from exc
+    if not isinstance(config, dict):
+        raise HubError(f"{ref.spec}: its config.json is not a JSON object")
+    return config
 
 
 def _etag(f: RepoFile) -> str:

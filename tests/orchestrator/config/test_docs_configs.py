@@ -3,7 +3,6 @@ a reader who copies one gets a file `orchestrator validate` accepts."""
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
@@ -11,22 +10,7 @@ import pytest
 
 from orchestrator.config import ConfigErrors
 from orchestrator.config.load import check_cluster_data
-from testkit.paths import ROOT
-
-TOML_BLOCK = re.compile(r"```toml\n(.*?)```", re.S)
-
-
-def cluster_blocks() -> list[tuple[str, str]]:
-    """(file:line, text) of each ```toml block holding [[nodes]] in README.md and docs/."""
-    found = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
-        text = doc.read_text()
-        for block in TOML_BLOCK.finditer(text):
-            if "[[nodes]]" in block.group(1):
-                line = text.count("\n", 0, block.start()) + 1
-                found.append((f"{doc.relative_to(ROOT)}:{line}", block.group(1)))
-    return found
-
+from testkit.docs_toml import cluster_blocks
 
 BLOCKS = cluster_blocks()
 

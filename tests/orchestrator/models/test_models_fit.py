@@ -6,25 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.config import ClusterSpec
-from orchestrator.config.load import check_cluster_data
 from orchestrator.models.catalog import ModelEntry, fits_cluster
 from orchestrator.models.fit import fit
+from testkit.config_files import memory_cluster as cluster
 from testkit.model_configs import CONFIGS, SMOLLM2
 
 FOUR_BIT = {"quantization": {"bits": 4, "group_size": 64}}
-
-
-def cluster(memory_gb: list[float | None], transport: str = "ssh",
-            **sections: object) -> ClusterSpec:
-    nodes = [
-        {"name": f"n{i}", "ip": f"10.0.0.{i + 1}", "transport": transport}
-        | ({"ssh": f"me@10.0.0.{i + 1}", "python": "python3"} if transport == "ssh" else {})
-        | ({"memory_gb": gb} if gb is not None else {})
-        for i, gb in enumerate(memory_gb)
-    ]
-    spec, _warnings = check_cluster_data({"nodes": nodes, **sections}, Path("test.toml"))
-    return spec
 
 
 def published(name: str) -> dict[str, object]:
@@ -66,8 +53,11 @@ def test_refusals_name_the_check() -> None:
 
 
 def test_unknown_memory_leaves_the_context_open() -> None:
+    """No memory known: "unknown", no context bound, never a mode that "fits"."""
     result = fit(SMOLLM2, 270_000_000, cluster([None, None]), {})
-    assert result is not None and result.max_context is None and "context" not in result.text()
+    assert result is not None and result.mode == "unknown" and result.max_context is None
+    assert result.text().startswith("unknown: the memory of n0, n1 is not known")
+    assert "context" not in result.text()
 
 
 def test_fits_cluster_reads_the_entry_directory(tmp_path: Path) -> None:

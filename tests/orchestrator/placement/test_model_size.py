@@ -20,7 +20,8 @@ def published(name: str) -> ModelConfigInfo:
 
 
 # Total parameters as each model card states them (without multi-token-prediction layers,
-# which mlx-lm drops): 235B, 30.5B, 671B, 1.04T, 355B (incl. its 1 MTP layer), 116.8B.
+# which mlx-lm drops): 235B, 30.5B, 671B, 1.04T, 355B and 106B (GLM-4.5 and -Air, incl.
+# their 1 MTP layer), 116.8B.
 @pytest.mark.parametrize(
     ("name", "params", "tolerance"),
     [
@@ -29,6 +30,7 @@ def published(name: str) -> ModelConfigInfo:
         ("DeepSeek-V3", 671e9, 0.01),
         ("Kimi-K2-Instruct", 1.04e12, 0.02),
         ("GLM-4.5", 355e9, 0.02),
+        ("GLM-4.5-Air", 106e9, 0.02),
         ("gpt-oss-120b", 116.8e9, 0.01),
     ],
 )
