@@ -88,9 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     models_help = "the models at this machine and the cluster's own"
     for sub in (command("pull", pull_help, _pull), command("models", models_help, _models, True)):
         sub.add_argument("--json", action="store_true", help="machine-readable, no progress")
+    from orchestrator.init.command import add_init_command
     from orchestrator.service.command import add_service_command  # light: no serving stack
 
     add_service_command(commands)
+    add_init_command(commands)
     return parser
 
 
