@@ -80,3 +80,17 @@ def test_uneven_cables_use_as_many_per_pair_as_the_least_cabled_pair() -> None:
             "x", [ipaddress.IPv4Interface(f"10.30.0.{side - 1}/31")], up=True))
     layout = plan_layout(hosts, ["a", "b", "c"])
     assert len(layout.cables) == 4 and len(layout.links) == 3
+
+
+def test_three_hosts_in_a_line_are_no_ring() -> None:
+    """Cables 0-1 and 1-2 but none 2-0: no ring order."""
+    cables = [c for c in find_cables(ring_of(3)) if c.hosts != frozenset((0, 2))]
+    assert ring_order(3, cables) is None
+
+
+def test_two_hosts_on_a_shared_24_are_a_switch_not_a_cable() -> None:
+    """A /24 with just the other host in it is a network, not a cable: nodes get ips."""
+    hosts = [host(f"root@10.9.0.{i}", mgmt=f"10.9.0.{i}/24", data=f"10.8.0.{i}/24")
+             for i in (1, 2)]
+    layout = plan_layout(hosts, ["a", "b"])
+    assert layout.cables == [] and layout.node_ips == {0: "10.8.0.1", 1: "10.8.0.2"}
