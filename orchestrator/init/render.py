@@ -59,8 +59,11 @@ def render(hosts: list[HostProbe], names: list[str], layout: Layout, access: Acc
         lines += ["", "[bootstrap]",
                   f"venv = {q(BOOTSTRAP_VENV)}   # `orchestrator bootstrap` makes it on the "
                   "ssh nodes, with this machine's versions"]
+    owners = {p.port.uuid: f"{names[i]} port {p.port.receptacle}"
+              for i, h in enumerate(hosts) for p in h.thunderbolt}
     for rank, index in enumerate(layout.order):
-        lines += ["", *_node(hosts[index], names[index], rank, layout, index, access)]
+        node = _node(hosts[index], names[index], rank, layout, index, access, owners)
+        lines += ["", *node]
     for link in layout.links:
         lines += ["", *_link(link, names)]
     lines += _command_comments(layout, hosts, names)
@@ -93,8 +96,8 @@ def describe_cable(cable: Cable, names: list[str]) -> str:
 
 
 def _node(host: HostProbe, name: str, rank: int, layout: Layout, index: int,
-          access: Access) -> list[str]:
-    lines = [f"# {name} (rank {rank}): {summary(host)}", *_found(host), "[[nodes]]",
+          access: Access, owners: dict[str, str]) -> list[str]:
+    lines = [f"# {name} (rank {rank}): {summary(host)}", *_found(host, owners), "[[nodes]]",
              f"name = {q(name)}"]
     if host.target == "local":
         lines.append('transport = "local"')
@@ -131,7 +134,8 @@ def summary(host: HostProbe) -> str:
     return ", ".join(parts)
 
 
-def _found(host: HostProbe) -> list[str]:
+def _found(host: HostProbe, owners: dict[str, str]) -> list[str]:
+    """What init saw on the host; a port's peer by its probed name when it is one of them."""
     lines = []
     addrs = [f"{i.name} {a.with_prefixlen}" for i in host.interfaces if not i.loopback
              for a in i.ipv4]
@@ -139,7 +143,8 @@ def _found(host: HostProbe) -> list[str]:
         lines.append(f"#   addresses: {', '.join(addrs)}")
     if host.thunderbolt:
         ports = [f"{p.port.receptacle} ({p.interface or '?'}) -> "
-                 + ((p.port.peer_name or "a device") if p.port.connected_to else "nothing")
+                 + (owners.get(p.port.connected_to) or p.port.peer_name or "a device"
+                    if p.port.connected_to else "nothing")
                  + (f", {p.port.speed}" if p.port.speed else "") for p in host.thunderbolt]
         lines.append(f"#   Thunderbolt ports: {'; '.join(ports)}")
     if host.is_mac:

@@ -8,11 +8,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import tomli_w
 
 from testkit.netns import HostsFactory, MultiHost
-from testkit.orchestrator_process import run_cli, running
+from testkit.orchestrator_process import gateway_status, run_cli, running
 from testkit.ports import free_port, free_port_block
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -75,8 +76,11 @@ def test_init_on_a_cabled_ring_finds_the_cables_and_serves(
     serving(config, tmp_path)
     url = f"http://127.0.0.1:{tomllib.loads(config.read_text())['api']['port']}"
     with running(config, url=url) as orchestrator:
-        done = run_cli("status", str(config), "--json")
-        assert done.returncode == 0 and '"running"' in done.stdout
+        reply = httpx.post(f"{url}/v1/completions", timeout=300, json={
+            "model": "smollm2-135m-instruct", "prompt": "The capital of France is",
+            "max_tokens": 2, "temperature": 0})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"].strip()
+        assert [r["state"] for r in gateway_status(url)["ranks"]] == ["running"] * 3
         assert run_cli("down", str(config)).returncode == 0
         assert orchestrator.wait_exit() == 0
     assert net.only_sshd_left()
