@@ -57,7 +57,7 @@ def test_two_studios_on_tb5_with_rdma_get_jaccl_and_proposed_addresses() -> None
     assert "-setmanual 'TB en3 to studio-a' 10.10.1.2 255.255.255.252" in commands[1][2]
     assert "Apple M3 Ultra, 256 GiB, macOS 26.2, Python 3.12.10, mlx 0.32.4" in text
     assert "RDMA: enabled; devices: rdma_en2 (active), rdma_en3, rdma_en4, rdma_en5" in text
-    assert "Thunderbolt ports: 1 (en2) -> studio-b port 2, Up to 80 Gb/s; 2 (en3) -> nothing" in text
+    assert "ports: 1 (en2) -> studio-b port 2, Up to 80 Gb/s; 2 (en3) -> nothing" in text
 
 
 def test_three_studios_in_a_tb5_ring_get_a_jaccl_ring_on_their_addresses() -> None:
