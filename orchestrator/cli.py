@@ -92,9 +92,11 @@ def _parser() -> argparse.ArgumentParser:
     for sub in (command("pull", pull_help, _pull), models):
         sub.add_argument("--json", action="store_true", help="machine-readable, no progress")
     _fit_options(models)
+    from orchestrator.init.command import add_init_command
     from orchestrator.service.command import add_service_command  # light: no serving stack
 
     add_service_command(commands)
+    add_init_command(commands)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""`orchestrator init`: probe hosts, find their cables, write a cluster.toml (command.py)."""

@@ -1,0 +1,83 @@
+"""`orchestrator init` on namespace hosts with their own sshd: a switch and a cabled ring."""
+
+from __future__ import annotations
+
+import getpass
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tomli_w
+
+from testkit.netns import HostsFactory, MultiHost
+from testkit.orchestrator_process import gateway_status, run_cli, running
+from testkit.ports import free_port, free_port_block
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def init(net: MultiHost, output: Path) -> dict[str, Any]:
+    """`orchestrator init` of every host over SSH, as the docs say to run it."""
+    targets = [f"{getpass.getuser()}@{host.mgmt_ip}" for host in net.hosts]
+    done = run_cli("init", *targets, "-o", str(output), "--identity-file", str(net.user_key),
+                   "--known-hosts", str(net.known_hosts), "--python", sys.executable)
+    assert done.returncode == 0, done.stderr
+    assert run_cli("validate", str(output)).returncode == 0
+    return tomllib.loads(output.read_text())
+
+
+def test_init_on_a_switch_gives_each_node_its_data_address(
+    netns_hosts: HostsFactory, tmp_path: Path
+) -> None:
+    """3 hosts on one data subnet (SSH on another): ring backend, each node's ip its
+    address on the data network (not the SSH one), no links, memory_gb from the host."""
+    net = netns_hosts(3, "switch")
+    data = init(net, tmp_path / "cluster.toml")
+    assert data["cluster"]["backend"] == "ring"
+    assert "links" not in data
+    assert [n["ip"] for n in data["nodes"]] == [net.data_ip(i) for i in range(3)]
+    assert [n["ssh"].rpartition("@")[2] for n in data["nodes"]] == [h.mgmt_ip for h in net.hosts]
+    assert all(0 < n["memory_gb"] < 1024 for n in data["nodes"])
+
+
+def serving(config: Path, tmp_path: Path) -> None:
+    """Free ports, a state dir of the test's own, no standby ranks: the file init wrote,
+    otherwise as it is."""
+    data = tomllib.loads(config.read_text())
+    data["cluster"].update(name="test", state_dir=str(tmp_path / "state"),
+                           rank_port=free_port_block(len(data["nodes"])))
+    data["api"] = {"host": "127.0.0.1", "port": free_port()}
+    data["serving"] = {"rank_api_port": free_port(), "keepalive_s": 1.0}
+    data["supervisor"] = {"standby_ranks": False, "stop_grace_s": 3.0}
+    config.write_text(tomli_w.dumps(data))
+
+
+def test_init_on_a_cabled_ring_finds_the_cables_and_serves(
+    netns_hosts: HostsFactory, tmp_path: Path
+) -> None:
+    """3 hosts joined by 3 point-to-point /30s: init writes one [[links]] per cable with
+    both ends' addresses (the ring the test network built), and the file serves."""
+    net = netns_hosts(3, "ring")
+    config = tmp_path / "cluster.toml"
+    data = init(net, config)
+    assert data["cluster"]["backend"] == "ring"
+    names = [n["name"] for n in data["nodes"]]
+    found = {frozenset(zip(link["between"], link["ips"], strict=True)) for link in data["links"]}
+    # The test network's own cables, its host h<i> being the i-th host given to init.
+    built = {frozenset(zip([names[int(h[1:])] for h in link["between"]], link["ips"],
+                           strict=True)) for link in net.links()}
+    assert found == built
+    serving(config, tmp_path)
+    url = f"http://127.0.0.1:{tomllib.loads(config.read_text())['api']['port']}"
+    with running(config, url=url) as orchestrator:
+        reply = httpx.post(f"{url}/v1/completions", timeout=300, json={
+            "model": "smollm2-135m-instruct", "prompt": "The capital of France is",
+            "max_tokens": 2, "temperature": 0})
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"].strip()
+        assert [r["state"] for r in gateway_status(url)["ranks"]] == ["running"] * 3
+        assert run_cli("down", str(config)).returncode == 0
+        assert orchestrator.wait_exit() == 0
+    assert net.only_sshd_left()
