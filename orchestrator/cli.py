@@ -75,11 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     command("down", down_help, _down, config_optional=True).add_argument(
         "--keep-ranks", action="store_true", help=KEEP_RANKS_HELP
     )
-    linktest_help = (
-        "measure the links between the nodes (correctness, latency, all_sum bandwidth, and "
-        "GB/s of each ring link rank i -> i+1; a mesh's other pairs are not measured)"
-    )
-    _linktest_options(command("linktest", linktest_help, _linktest))
+    _linktest_options(command("linktest", LINKTEST_HELP, _linktest))
     restart_help = "reset the restart budget and relaunch a failed cluster"
     command("restart", restart_help, _restart, config_optional=True)
     _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
@@ -100,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+LINKTEST_HELP = (
+    "measure the links between the nodes (correctness, latency, all_sum bandwidth, and "
+    "GB/s of each ring link rank i -> i+1; a mesh's other pairs are not measured)"
+)
 KEEP_RANKS_HELP = (
     "only the orchestrator exits (to upgrade it): the ranks serve on for [supervisor] "
     "orphan_grace_s, and the next `up` adopts them with no model load"
