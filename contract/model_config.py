@@ -52,11 +52,16 @@ def config_info(config: dict[str, Any]) -> ModelConfigInfo:
         v_head_dim=num("v_head_dim"),
         sliding_window=num("sliding_window"),
         layer_types=_layer_types(merged, layer_types),
+        dtype=_str(merged.get("torch_dtype") or merged.get("dtype")),
     )
 
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _layer_types(config: dict[str, Any], listed: object) -> list[str] | None:

@@ -11,6 +11,7 @@ from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.plan import build_plan, plan_as_json, plan_as_toml
 from orchestrator.placement.decide import Refusal, place
+from orchestrator.placement.kv_fit import fit_sentence
 from orchestrator.transports.pool import NodePool
 
 EXIT_OK, EXIT_REFUSED = 0, 2
@@ -29,7 +30,9 @@ def print_plan(spec: ClusterSpec, as_json: bool) -> int:
         return EXIT_REFUSED
     plan = build_plan(spec, "planned", prints, placement)
     print(plan_as_json(plan) if as_json else plan_as_toml(plan), end="")
-    if placement is None:
+    if placement is not None:
+        print(fit_sentence(placement, spec.serving.max_batch_size), file=sys.stderr)
+    else:
         print("placement: not decided (the model could not be read on "
               f"{spec.nodes[0].name}: see `orchestrator up`'s preflight)", file=sys.stderr)
     return EXIT_OK
@@ -46,11 +49,14 @@ async def _fingerprints(spec: ClusterSpec) -> tuple[dict[str, NodeFingerprint], 
         await pool.close_all()
 
 
-def describe(placement: Placement) -> str:
-    """One line per rank for logs: the mode, why, and each rank's share."""
+def describe(placement: Placement, max_batch_size: int) -> str:
+    """One line per rank for logs: the mode, why, each rank's share, and the KV's fit."""
     lines = [f"placement: {placement.mode} ({placement.reason})"]
     for share in placement.ranks:
         layers = f"layers [{share.layers[0]}, {share.layers[1]}) " if share.layers else ""
         lines.append(f"  rank {share.rank} on {share.node}: {layers}"
-                     f"{share.weight_bytes / 1024**3:.2f} GiB of weights")
+                     f"{share.weight_bytes / 1024**3:.2f} GiB of weights"
+                     + (f", {share.kv_sequences} full-context sequences of KV"
+                        if share.kv_sequences is not None else ""))
+    lines.append(f"  {fit_sentence(placement, max_batch_size)}")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from serving.faults import FaultPlan
 from serving.machine import ranks_on_machine
 from serving.memory_limit import apply_memory_limit, is_out_of_memory
 from serving.model.loading import LoadedModel, ModelLoadError, load
+from serving.rank.kv_setup import build_kv_budget
 
 log = logging.getLogger("serving.rank")
 DEFAULT_CACHE_SHARE = 0.25  # of the memory available once the weights are loaded
@@ -73,6 +74,8 @@ def make_batch(
         # Every rank builds its own: the plan carries the grammar, never a mask.
         GrammarCompiler(
             loaded.tokenizer._tokenizer, loaded.vocab_size, list(loaded.tokenizer.eos_token_ids)),
+        kv=build_kv_budget(settings, loaded, group),
+        rank=group.rank(),
     )
 
 
