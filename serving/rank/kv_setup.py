@@ -44,9 +44,18 @@ def build_kv_budget(
     rank = group.rank()
     log.info("KV budget %.3f GB on this rank (%d tokens alone)",
              kv.budgets[rank] / 1e9, kv.tokens_alone(rank))
-    if settings.serving.memory_limit_gb is None:
-        apply_memory_limit(budget_limit_bytes(mx.get_active_memory(), kv.budgets[rank]) / 1e9)
     return kv
+
+
+def limit_memory(settings: RankSettings, kv: KvBudget, rank: int, weights: int) -> None:
+    """MLX's limits once the batch is built: mlx-lm's BatchGenerator sets the wired limit to
+    the GPU's recommended working set when it starts, so ours go after it. `weights`: the
+    memory MLX held once the model was loaded."""
+    configured = settings.serving.memory_limit_gb
+    if configured is not None:
+        apply_memory_limit(configured)
+    else:
+        apply_memory_limit(budget_limit_bytes(weights, kv.budgets[rank]) / 1e9)
 
 
 def activation_bytes(model: object) -> int:

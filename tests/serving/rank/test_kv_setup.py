@@ -8,8 +8,9 @@ import mlx.core as mx
 import pytest
 
 from contract.settings import ModelSettings, RankSettings, ServingSettings
-from serving.model.loading import load
-from serving.rank.kv_setup import MIN_HEADROOM_BYTES, build_kv_budget
+from serving.faults import FaultPlan
+from serving.rank.kv_setup import MIN_HEADROOM_BYTES
+from serving.rank.startup import load_and_sync, make_batch
 
 
 @pytest.mark.parametrize(
@@ -20,16 +21,18 @@ def test_the_budget_sets_mlx_memory_limit(
     tiny_model_dir: Path, serving: dict[str, float], placed: list[int], budget: int
 ) -> None:
     """kv_cache_gb wins over the budget preflight placed; without memory_limit_gb, MLX's
-    limit becomes the weights + the KV budget + headroom (an overrun fails an allocation)."""
+    limit becomes the weights + the KV budget + headroom (an overrun fails an allocation),
+    set once the batch (whose generator resets the wired limit) is built."""
     settings = RankSettings(model=ModelSettings(path=str(tiny_model_dir)),
                             serving=ServingSettings(**serving), kv_budget_bytes=placed)
     group = mx.distributed.init()
     previous = mx.set_memory_limit(0)
     try:
-        loaded = load(settings, group)
+        loaded = load_and_sync(settings, group, FaultPlan([], 0))
         weights = mx.get_active_memory()
-        kv = build_kv_budget(settings, loaded, group)
-        assert kv.budgets == [budget]
+        batch = make_batch(settings, loaded, group)
+        assert batch.kv is not None and batch.kv.budgets == [budget]
         assert mx.set_memory_limit(0) == weights + budget + MIN_HEADROOM_BYTES
+        batch.close()
     finally:
         mx.set_memory_limit(previous)
