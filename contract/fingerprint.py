@@ -109,6 +109,7 @@ class ModelConfigInfo(Struct, kw_only=True):
     # each layer ("full_attention", "sliding_attention", "linear_attention").
     sliding_window: int | None = None
     layer_types: list[str] | None = None
+    dtype: str | None = None  # torch_dtype: the activations' (and so the KV cache's) dtype
 
 
 class ModelInfo(Struct, kw_only=True):

@@ -11,6 +11,8 @@ LAST_STEP_TIMESTAMP = "serving_last_step_timestamp_seconds"
 TIME_TO_FIRST_TOKEN = "serving_time_to_first_token_seconds"  # histogram
 DRAFT_TOKENS = "serving_spec_draft_tokens"  # counter: drafts verified (speculative decoding)
 ACCEPTED_TOKENS = "serving_spec_accepted_tokens"  # counter: drafts the model kept
+KV_CACHE_BYTES = "serving_kv_cache_bytes"  # per rank: running sequences' KV + prefix cache
+KV_CACHE_BUDGET_BYTES = "serving_kv_cache_budget_bytes"  # per rank
 ACCEPTANCE_RATE = "serving_spec_acceptance_rate"  # accepted / drafted since start
 
 COUNTERS = frozenset({STEPS, GENERATION_TOKENS, DRAFT_TOKENS, ACCEPTED_TOKENS})

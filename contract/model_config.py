@@ -103,6 +103,7 @@ def config_info(config: dict[str, Any], source: str = "config.json") -> ModelCon
         v_head_dim=num("v_head_dim"),
         sliding_window=num("sliding_window"),
         layer_types=_layer_types(merged, layer_types),
+        dtype=_str(merged.get("torch_dtype") or merged.get("dtype")),
     )
 
 
@@ -113,6 +114,10 @@ def _check_interval(config: dict[str, Any], source: str) -> None:
     listed = config.get("layer_types")
     if isinstance(listed, list) and len(listed) > BOUNDS["num_hidden_layers"][1]:
         raise ModelConfigError(f"{source}: layer_types lists {len(listed)} layers: too many")
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _layer_types(config: dict[str, Any], listed: object) -> list[str] | None:

@@ -23,12 +23,17 @@ class RankShare(msgspec.Struct, kw_only=True, omit_defaults=True):
     weight_bytes: int  # its weights (pipeline: its layers plus embeddings and head)
     kv_bytes: int  # one full-context sequence of KV cache in its layers
     budget_bytes: int | None = None  # what it may use: node memory, memory_gb, less reserve
+    # KV it may hold ([serving] kv_cache_gb, else its budget less its weights), and how
+    # many full-context sequences that is (contract/kv_cache.py); None: memory unknown.
+    kv_budget_bytes: int | None = None
+    kv_sequences: int | None = None
 
 
 class Placement(msgspec.Struct, kw_only=True, omit_defaults=True):
     mode: ParallelMode
     reason: str  # why this mode ("9 attention heads do not divide by 2 ranks")
     layer_count: int | None = None
+    context: int | None = None  # tokens of one full-context sequence (the KV figures')
     ranks: list[RankShare] = msgspec.field(default_factory=list)
 
     @property

@@ -129,6 +129,10 @@ class RankSettings(Section):
     # Rank 0's /v1 routes require the secret held in this file of its working directory
     # (contract/launch_secret.py); None: no secret (a rank started by hand, tests).
     api_secret_file: str | None = None
+    # KV bytes each rank may hold, indexed by rank: what preflight's placement leaves on
+    # its node after the weights and the reserve (serving.kv_cache_gb unset); None: the
+    # rank measures what is left once loaded (serving/rank/kv_setup.py).
+    kv_budget_bytes: list[NonNegativeInt] | None = None
 
     def __post_init__(self) -> None:
         problems = settings_problems(self.model, self.serving)

@@ -193,7 +193,7 @@ class Service:
         if isinstance(placement, Placement):
             self.placement = placement
             self.metrics.show_placement(placement)
-            log.info("%s", describe(placement))
+            log.info("%s", describe(placement, self.spec.serving.max_batch_size))
         return True
 
     async def _busy_ports(self, pool: NodePool) -> dict[str, list[str]]:

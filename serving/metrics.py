@@ -97,6 +97,13 @@ class ServingMetrics:
         self.prefix_cache_bytes = Gauge(
             "serving_prefix_cache_bytes", "KV bytes the prefix cache holds (each rank alike)",
             registry=r)
+        self.kv_bytes = Gauge(
+            metric_names.KV_CACHE_BYTES, "KV bytes each rank holds or has promised: running "
+            "sequences at prompt + max_tokens (padded as the batch pads them) plus the "
+            "prefix cache", ["rank"], registry=r)
+        self.kv_budget = Gauge(
+            metric_names.KV_CACHE_BUDGET_BYTES, "KV bytes each rank may hold ([serving] "
+            "kv_cache_gb, else what the weights and the reserve leave)", ["rank"], registry=r)
         # MLX's own allocator on rank 0: Metal memory on a Mac (what RSS does not show).
         active = Gauge(
             "serving_mlx_active_memory_bytes", "Memory held by MLX arrays (rank 0)", registry=r)
@@ -105,3 +112,8 @@ class ServingMetrics:
             "serving_mlx_peak_memory_bytes", "Peak memory held by MLX arrays (rank 0)",
             registry=r)
         peak.set_function(mx.get_peak_memory)
+
+    def show_kv(self, budgets: list[int], usage: list[int]) -> None:
+        for rank, (budget, used) in enumerate(zip(budgets, usage, strict=True)):
+            self.kv_budget.labels(rank=str(rank)).set(budget)
+            self.kv_bytes.labels(rank=str(rank)).set(used)

@@ -77,6 +77,7 @@ def build_plan(
         shutdown_grace_s=spec.supervisor.stop_grace_s,
         pipeline_split=placement.pipeline_split if placement else None,
         api_secret_file=launch_secret.FILE,
+        kv_budget_bytes=_kv_budgets(spec, placement),
     )
     secret = new_secret()
     files = {rank_env.SETTINGS_FILE: encode_settings(settings).decode()}
@@ -109,6 +110,14 @@ def build_plan(
         placement=placement,
         secret=secret,
     )
+
+
+def _kv_budgets(spec: ClusterSpec, placement: Placement | None) -> list[int] | None:
+    """Each rank's KV budget as preflight placed it, unless kv_cache_gb sets it."""
+    if spec.serving.kv_cache_gb is not None or placement is None:
+        return None
+    budgets = [share.kv_budget_bytes for share in placement.ranks]
+    return None if None in budgets else [b for b in budgets if b is not None]
 
 
 def _hostfile(spec: ClusterSpec) -> list[list[str]]:

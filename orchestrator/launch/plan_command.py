@@ -24,6 +24,7 @@ from orchestrator.launch.plan import build_plan, plan_as_json, plan_as_toml
 from orchestrator.models.hub import HubError
 from orchestrator.models.model_read import ModelRead, read_model
 from orchestrator.placement.decide import Refusal, place
+from orchestrator.placement.kv_fit import fit_sentence
 from orchestrator.placement.stand_in import (
     UnknownNodeName,
     measured_here,
@@ -57,7 +58,9 @@ def _decide_and_print(
         return EXIT_REFUSED
     plan = build_plan(spec, "planned", prints, placement)
     print(plan_as_json(plan) if as_json else plan_as_toml(plan), end="")
-    if placement is None:
+    if placement is not None:
+        print(fit_sentence(placement, spec.serving.max_batch_size), file=sys.stderr)
+    else:
         print(f"placement: not decided ({undecided})", file=sys.stderr)
     return EXIT_OK
 
@@ -117,11 +120,14 @@ async def _fingerprints(spec: ClusterSpec) -> tuple[dict[str, NodeFingerprint], 
         await pool.close_all()
 
 
-def describe(placement: Placement) -> str:
-    """One line per rank for logs: the mode, why, and each rank's share."""
+def describe(placement: Placement, max_batch_size: int) -> str:
+    """One line per rank for logs: the mode, why, each rank's share, and the KV's fit."""
     lines = [f"placement: {placement.mode} ({placement.reason})"]
     for share in placement.ranks:
         layers = f"layers [{share.layers[0]}, {share.layers[1]}) " if share.layers else ""
         lines.append(f"  rank {share.rank} on {share.node}: {layers}"
-                     f"{share.weight_bytes / 1024**3:.2f} GiB of weights")
+                     f"{share.weight_bytes / 1024**3:.2f} GiB of weights"
+                     + (f", {share.kv_sequences} full-context sequences of KV"
+                        if share.kv_sequences is not None else ""))
+    lines.append(f"  {fit_sentence(placement, max_batch_size)}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from contract.fingerprint import ModelConfigInfo, ModelInfo, NodeFingerprint, ra
 from contract.placement import Placement, RankShare
 from orchestrator.config import ClusterSpec
 from orchestrator.placement.architectures import pipeline_architectures, supports_pipeline
+from orchestrator.placement.kv_fit import fill_kv
 from orchestrator.placement.model_size import (
     ModelShape,
     UnknownShape,
@@ -74,7 +75,7 @@ def place(spec: ClusterSpec, prints: Mapping[str, NodeFingerprint]) -> Placement
         over = _over_budget(tensor)
         if not over:
             tensor.reason = _tensor_reason(mode, len(names))
-            return tensor
+            return _kv_checked(tensor, model, spec)
         if mode == "tensor" or len(names) == 1:
             return _memory_refusal(tensor, over, model, sharing)
         why_not_tensor = f"tensor parallelism's equal shares do not fit {', '.join(over)}"
@@ -109,7 +110,17 @@ def place(spec: ClusterSpec, prints: Mapping[str, NodeFingerprint]) -> Placement
     pipeline = _pipeline(spec, model, names, budgets)
     pipeline.reason = why_not_tensor if mode == "auto" else "configured"
     over = _over_budget(pipeline)
-    return _memory_refusal(pipeline, over, model, sharing) if over else pipeline
+    return _memory_refusal(pipeline, over, model, sharing) if over else _kv_checked(
+        pipeline, model, spec)
+
+
+def _kv_checked(placement: Placement, model: _Model, spec: ClusterSpec) -> Placement | Refusal:
+    """The placement with each rank's KV budget, or why not one full sequence fits it."""
+    short = fill_kv(placement, model.config, model.context, spec)
+    if short is None:
+        return placement
+    return Refusal("memory", "*", short,
+                   "raise [serving] kv_cache_gb, or lower [model] context_length")
 
 
 def _read_model(spec: ClusterSpec, prints: Mapping[str, NodeFingerprint]) -> _Model | None:
@@ -170,14 +181,14 @@ def _tensor(
     ranks = len(names)
     every_layer = range(len(model.shape.layer_params))
     layers = sum(model.layer_bytes(layer) for layer in every_layer)
-    kv = model.kv(every_layer)
+    kv = kv_bytes(model.config, every_layer, model.context, tensor_ranks=ranks)
     # mlx-lm's shard() splits attention and MLPs; embeddings and head stay whole.
     weight = model.shared_bytes + layers / ranks
     return Placement(
         mode="tensor",
         reason="",
         ranks=[
-            RankShare(rank=rank, node=name, weight_bytes=int(weight), kv_bytes=int(kv / ranks),
+            RankShare(rank=rank, node=name, weight_bytes=int(weight), kv_bytes=kv,
                       budget_bytes=_int(budgets[rank]))
             for rank, name in enumerate(names)
         ],

@@ -4,7 +4,8 @@ Placement splits by bytes, not by layer count: MoE layers, dense first layers, t
 embeddings and the LM head weigh differently. Parameter counts come from the config's
 shapes (attention, multi-head latent attention, dense or mixture-of-experts MLPs);
 bytes from the quantization (bits plus a 16-bit scale and bias per group) or 16-bit
-weights. Where the files' real size is known, placement scales these counts to it.
+weights. Where the files' real size is known, placement scales these counts to it. The
+KV cache's bytes are contract/kv_cache.py's, which the ranks' admission shares.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.fingerprint import ModelConfigInfo
-
-KV_ELEMENT_BYTES = 2  # mlx-lm keeps keys and values in the activations' 16-bit dtype
+from contract.kv_cache import KvLayout, head_dim, sequence_kv_bytes
 
 
 class UnknownShape(ValueError):
@@ -55,13 +55,6 @@ def bytes_per_param(config: ModelConfigInfo) -> float:
     return bits / 8 + 4 / group
 
 
-def head_dim(config: ModelConfigInfo) -> int:
-    if config.head_dim:
-        return config.head_dim
-    assert config.hidden_size and config.num_attention_heads
-    return config.hidden_size // config.num_attention_heads
-
-
 def _attention_params(config: ModelConfigInfo, layer_type: str) -> int:
     hidden, heads = config.hidden_size or 0, config.num_attention_heads or 0
     if config.kv_lora_rank:  # multi-head latent attention
@@ -90,27 +83,6 @@ def _mlp_params(config: ModelConfigInfo, layer: int) -> int:
     return (experts + config.num_shared_experts) * 3 * hidden * width + hidden * experts
 
 
-def kv_bytes_per_token(config: ModelConfigInfo, layer: int) -> int:
-    """KV bytes one token adds to one layer's cache (0 for linear-attention layers, whose
-    state does not grow)."""
-    types = config.layer_types or []
-    if layer < len(types) and types[layer] == "linear_attention":
-        return 0
-    if config.kv_lora_rank:  # one compressed latent plus the rotary key part
-        elements = config.kv_lora_rank + (config.qk_rope_head_dim or 0)
-    else:
-        kv_heads = config.num_key_value_heads or config.num_attention_heads or 0
-        elements = 2 * kv_heads * head_dim(config)
-    return elements * KV_ELEMENT_BYTES
-
-
-def kv_bytes(config: ModelConfigInfo, layers: range, tokens: int) -> int:
-    """KV bytes of `tokens` tokens of one sequence in `layers`; a sliding-window layer
-    keeps at most its window."""
-    types = config.layer_types or []
-    total = 0
-    for layer in layers:
-        sliding = layer < len(types) and types[layer] == "sliding_attention"
-        kept = min(tokens, config.sliding_window) if sliding and config.sliding_window else tokens
-        total += kv_bytes_per_token(config, layer) * kept
-    return total
+def kv_bytes(config: ModelConfigInfo, layers: range, tokens: int, tensor_ranks: int = 1) -> int:
+    """KV bytes of `tokens` tokens of one sequence in `layers` (contract/kv_cache.py)."""
+    return sequence_kv_bytes(config, KvLayout(layers, tensor_ranks), tokens)

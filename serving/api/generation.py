@@ -18,6 +18,7 @@ from serving.api.errors import invalid, queue_full, unavailable
 from serving.api.state import ServedModel, ServingState
 from serving.api.validation import check_context
 from serving.engine.engine import Engine, EngineStopping, QueueFull
+from serving.engine.kv_budget import BeyondBudget
 from serving.engine.requests import (
     EventSink,
     Failed,
@@ -156,6 +157,8 @@ def admit(
     )
     try:
         engine.submit(request)
+    except BeyondBudget as exc:
+        raise invalid(str(exc), param, code="kv_budget_exceeded") from exc
     except QueueFull as exc:
         raise queue_full(f"Too many requests waiting: {exc}") from exc
     except EngineStopping as exc:

@@ -20,6 +20,7 @@ from mlx_lm.generate_utils import BatchStats
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from serving.engine.grammar import GrammarCompiler
+from serving.engine.kv_budget import KvBudget
 from serving.engine.sampling import make_request_processors, make_request_sampler
 from serving.engine.step_plan import Insert
 
@@ -53,6 +54,8 @@ class MirroredBatch:
         prompt_cache_size: int = 0,
         prompt_cache_bytes: int = 1 << 62,
         grammars: GrammarCompiler | None = None,
+        kv: KvBudget | None = None,
+        rank: int = 0,
     ) -> None:
         self.vocab_size = vocab_size
         self.grammars = grammars  # structured outputs' masks (None: grammars are ignored)
@@ -77,6 +80,11 @@ class MirroredBatch:
             LRUPromptCache(max_size=prompt_cache_size, max_bytes=prompt_cache_bytes)
             if prompt_cache_size and prompt_cache_bytes else None
         )
+        # Admission by KV budget: each live sequence's prompt + max_tokens, and the budget
+        # the prefix cache shares with them (serving/engine/kv_budget.py).
+        self.kv, self.rank = kv, rank
+        self.needs: dict[int, int] = {}
+        self._prefix_bound = prompt_cache_bytes
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (for logs/metrics)
         self.cache_hits = 0  # inserts that reused at least one token
 
@@ -91,7 +99,9 @@ class MirroredBatch:
             self.generator.remove(live_removes)
             for uid in live_removes:
                 del self.active[uid]
+                self.needs.pop(uid, None)
         if not inserts:
+            self._bound_prefix_cache()
             return []
         reuse = [self._reuse(ins.prompt) for ins in inserts]
         caches: list[Any] = [cache for cache, _, _ in reuse]  # None = a fresh cache
@@ -107,7 +117,18 @@ class MirroredBatch:
             ],
         )
         self.active.update(zip(uids, (len(done) for _, _, done in reuse), strict=True))
+        self.needs.update(
+            zip(uids, (len(i.prompt) + i.params.max_tokens for i in inserts), strict=True))
+        self._bound_prefix_cache()
         return uids
+
+    def _bound_prefix_cache(self) -> None:
+        """Evict prefix entries the running sequences' KV needs room for (every rank alike)."""
+        if self.prompt_cache is None or self.kv is None:
+            return
+        room = self.kv.prefix_room(self.rank, self.needs.values())
+        self.prompt_cache.max_bytes = min(self._prefix_bound, room)
+        self.prompt_cache.trim_to(n_bytes=self.prompt_cache.max_bytes)
 
     def _reuse(self, prompt: list[int]) -> tuple[list[Any] | None, list[int], list[int]]:
         """(KV cache or None, tokens still to prefill, tokens the cache already holds)."""
@@ -165,6 +186,8 @@ class MirroredBatch:
     def finished(self, uid: int, all_tokens: list[int] | None, cache: list[Any] | None) -> None:
         """A sequence the generator dropped: its KV goes to the prefix cache."""
         self.active.pop(uid, None)
+        self.needs.pop(uid, None)
+        self._bound_prefix_cache()
         if self.prompt_cache is not None and cache is not None and all_tokens is not None:
             self.prompt_cache.insert_cache("model", list(all_tokens), cache)
 

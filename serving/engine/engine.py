@@ -17,6 +17,7 @@ from contract.exit_codes import RankExit
 from contract.openai_errors import SHUTDOWN, TIMEOUT
 from serving.engine.arrivals import arrival_window_s, gather
 from serving.engine.batch import MirroredBatch, TokenEvent, digest_ints
+from serving.engine.kv_budget import BeyondBudget
 from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.requests import Failed, GenerationRequest
 from serving.engine.running import RunningRequest
@@ -86,12 +87,17 @@ class Engine:
         self._last_step_done = 0
         metrics.pending.set_function(lambda: self.pending)
         metrics.prefix_cache_bytes.set_function(lambda: batch.prompt_cache_bytes)
+        self._show_kv()
 
     # -- called from the event loop -------------------------------------------------
     def submit(self, request: GenerationRequest) -> None:
         with self._lock:
             if self._stop_deadline is not None:
                 raise EngineStopping("server is shutting down")
+            kv = self._batch.kv
+            if kv is not None and (why := kv.refusal(len(request.prompt),
+                                                     request.params.max_tokens)):
+                raise BeyondBudget(why)
             if len(self._waiting) >= self._queue_limit:
                 raise QueueFull(f"{len(self._waiting)} requests already waiting")
             self._waiting.append(request)
@@ -200,14 +206,22 @@ class Engine:
             return []
         self._gather_arrivals()
         admitted: list[GenerationRequest] = []
+        needs = [r.request.kv_tokens for r in self._running.values()]
         with self._lock:
             while self._waiting and len(self._running) + len(admitted) < self._max_batch:
+                # First come, first served: the head waits until its KV fits beside the rest.
+                if not self._kv_fits([*needs, self._waiting[0].kv_tokens]):
+                    break
                 admitted.append(self._waiting.popleft())
+                needs.append(admitted[-1].kv_tokens)
             self._metrics.requests_waiting.set(len(self._waiting))
         now = time.monotonic()
         for request in admitted:
             self._metrics.queue_time.observe(now - request.created)
         return admitted
+
+    def _kv_fits(self, needs: list[int]) -> bool:
+        return self._batch.kv is None or self._batch.kv.fits(needs)
 
     def _gather_arrivals(self) -> None:
         """Let the requests the API is still handing over join this plan too."""
@@ -274,6 +288,13 @@ class Engine:
         if events:
             self._metrics.batch_size_hist.observe(sequences)
         self._metrics.requests_running.set(len(self._running))
+        self._show_kv()
+
+    def _show_kv(self) -> None:
+        kv = self._batch.kv
+        if kv is not None:
+            needs = [r.request.kv_tokens for r in self._running.values()]
+            self._metrics.show_kv(kv.budgets, kv.usage(needs, self._batch.prompt_cache_bytes))
 
     def _propose(self, plan: StepPlan) -> list[int]:
         """Speculation: this step's drafts, sent to the workers (serving/engine/speculative.py)."""

@@ -70,3 +70,8 @@ class GenerationRequest:
     deadline: float  # time.monotonic() after which the request fails with "timeout"
     top_logprobs: int | None = None  # None: no logprobs; n: each token's and the top n
     created: float = field(default_factory=time.monotonic)
+
+    @property
+    def kv_tokens(self) -> int:
+        """The most tokens its KV cache may hold: its prompt plus its max_tokens."""
+        return len(self.prompt) + self.params.max_tokens

@@ -43,3 +43,18 @@ def test_memory_limit_is_set_on_mlx() -> None:
     finally:
         mx.set_memory_limit(previous)
     assert before is None or mx.get_memory_limit() == before
+
+
+@pytest.mark.skipif(
+    not mx.metal.is_available(),
+    reason="MLX's CPU build has no allocation error to catch: a failed malloc there is a "
+    "SIGSEGV (checked with mlx 0.32.4 on Linux), so only Metal's is testable",
+)
+def test_metal_s_real_allocation_error_is_out_of_memory() -> None:
+    """A buffer beyond Metal's largest fails in MLX's allocator; that very exception makes
+    the rank exit OUT_OF_MEMORY (`oom`)."""
+    too_big = int(mx.device_info()["max_buffer_length"]) + 4096
+    with pytest.raises(RuntimeError) as raised:
+        mx.eval(mx.zeros((too_big,), dtype=mx.uint8) + 1)
+    assert is_out_of_memory(raised.value), str(raised.value)
+    assert exit_for(raised.value) == RankExit.OUT_OF_MEMORY

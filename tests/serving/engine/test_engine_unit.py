@@ -12,8 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from contract.kv_cache import KvLayout
+from contract.model_config import config_info
 from serving.engine.batch import TokenEvent
 from serving.engine.engine import Engine, EngineStopping, QueueFull
+from serving.engine.kv_budget import BeyondBudget, KvBudget
 from serving.engine.prefill_pacing import PrefillPacer
 from serving.engine.requests import EventSink, Failed, Finished, GenerationRequest, TextDelta
 from serving.engine.step_plan import Insert, SamplingParams
@@ -24,8 +27,10 @@ from serving.metrics import ServingMetrics
 class FakeBatch:
     """Every sequence emits token 1, 2, 3 ... one per step, until its max_tokens."""
 
-    def __init__(self, step_s: float = 0.0) -> None:
+    def __init__(self, step_s: float = 0.0, kv: KvBudget | None = None) -> None:
         self.step_s = step_s
+        self.kv = kv
+        self.peak = 0  # the most sequences live at once
         self.cached_tokens = 0
         self.cache_hits = 0
         self.prompt_cache_bytes = 0
@@ -45,6 +50,7 @@ class FakeBatch:
             uids.append(self._next_uid)
             self._live[self._next_uid] = [0, insert.params.max_tokens]
             self._next_uid += 1
+        self.peak = max(self.peak, len(self._live))
         return uids
 
     @contextlib.contextmanager
@@ -133,10 +139,13 @@ def removed(running: Running) -> list[int]:
     return [uid for _, removes in running.batch.applied for uid in removes]
 
 
-def start(started: list[Running], step_s: float = 0.0, run: bool = True, **limits: int) -> Running:
+def start(
+    started: list[Running], step_s: float = 0.0, run: bool = True, kv: KvBudget | None = None,
+    **limits: int,
+) -> Running:
     """A running engine; with run=False its thread is left to the test to start (requests
     submitted before are all there at its first admission)."""
-    running = Running(FakeBatch(step_s), **limits)
+    running = Running(FakeBatch(step_s, kv), **limits)
     if run:
         running.thread.start()
     started.append(running)
@@ -181,6 +190,28 @@ async def test_a_full_batch_admits_the_next_request_when_a_slot_frees(
     inserted = [ids for ids, _ in running.batch.applied if ids]
     assert inserted[0] == ["short", "long"] and ["late"] in inserted[1:]
     assert max(len(ids) for ids in inserted) <= 2
+
+
+def two_sequence_budget() -> KvBudget:
+    """128 bytes of KV per token (1 layer, 1 KV head of 64, 1-byte elements); a request
+    of 3 prompt tokens + 10 max_tokens takes one 256-token step: 32 KiB. Room for two."""
+    config = config_info({"num_hidden_layers": 1, "num_attention_heads": 1,
+                          "hidden_size": 64})
+    return KvBudget(config, [KvLayout(range(1), element_bytes=1)], [2 * 256 * 128])
+
+
+async def test_the_kv_budget_holds_requests_in_the_queue(engine: list[Running]) -> None:
+    """Room for two sequences, max_batch_size 8: four requests all finish, never more than
+    two at once; one that cannot fit even alone is refused at submit, naming both figures."""
+    running = start(engine, step_s=0.002, run=False, kv=two_sequence_budget())
+    sinks = [running.submit(f"r{i}", 10) for i in range(4)]
+    running.thread.start()
+    results = [await collect(sink) for sink in sinks]
+    assert [end.finish_reason for _, end in results] == ["length"] * 4  # type: ignore[union-attr]
+    assert running.batch.peak == 2
+    refused = r"needs 0\.13 MB .* 1003 tokens.* KV budget of 65536 bytes"
+    with pytest.raises(BeyondBudget, match=refused):
+        running.submit("huge", 1000)
 
 
 async def test_a_cancelled_request_leaves_the_batch(engine: list[Running]) -> None:
