@@ -101,20 +101,14 @@ def kv_room(placement: Placement) -> list[int]:
 
 
 def full_context_sequences(placement: Placement) -> int | None:
-    """How many sequences of the placed context the KV room holds on every rank at once
-    (each rank's share of one sequence is its kv_bytes); None when no rank keeps a growing
-    KV cache or a budget is unknown.
-
-    A small count of its own until contract/ holds the KV-bytes-per-token function the
-    admission work adds: the integrator may make both read that one."""
-    counts = [
-        room // share.kv_bytes
-        for share, room in zip(placement.ranks, kv_room(placement), strict=True)
-        if share.kv_bytes > 0
-    ]
-    if not counts or any(share.budget_bytes is None for share in placement.ranks):
+    """How many sequences of the placed context the KV budgets hold on every rank at once
+    (set by the placement: orchestrator/placement/kv_fit.py, as admission counts them);
+    None when no rank keeps a growing KV cache or a budget is unknown."""
+    counts = [share.kv_sequences for share in placement.ranks]
+    if any(share.budget_bytes is None for share in placement.ranks):
         return None
-    return min(counts)
+    known = [count for count in counts if count is not None]
+    return min(known) if known else None
 
 
 def _with_context(spec: ClusterSpec, context: int) -> ClusterSpec:
