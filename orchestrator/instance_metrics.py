@@ -8,23 +8,24 @@ target), and would rename ours to `exported_instance`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 LABEL = "model_instance"
 
 
 class _Merged(Collector):
-    def __init__(self, registries: Mapping[str, CollectorRegistry]) -> None:
-        self.registries = registries
+    def __init__(self, parts: Mapping[str, Callable[[], Iterable[Metric]]]) -> None:
+        self.parts = parts  # instance name -> its families
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
-        for name, registry in self.registries.items():
-            for family in registry.collect():
+        for name, part in self.parts.items():
+            for family in part():
                 merged = families.get(family.name)
                 if merged is None:
                     merged = families[family.name] = Metric(
@@ -39,5 +40,15 @@ class _Merged(Collector):
 def merge_registries(registries: Mapping[str, CollectorRegistry]) -> CollectorRegistry:
     """One registry rendering all of `registries` (by instance name), labelled."""
     merged = CollectorRegistry(auto_describe=False)
-    merged.register(_Merged(registries))
+    merged.register(_Merged({name: r.collect for name, r in registries.items()}))
     return merged
+
+
+def labelled_text(texts: Mapping[str, bytes]) -> bytes:
+    """Prometheus texts (each instance's rank 0's), merged and labelled as above."""
+    def parsed(text: bytes) -> Callable[[], Iterable[Metric]]:
+        return lambda: text_string_to_metric_families(text.decode())
+
+    merged = CollectorRegistry(auto_describe=False)
+    merged.register(_Merged({name: parsed(text) for name, text in texts.items() if text}))
+    return generate_latest(merged)

@@ -62,8 +62,9 @@ from orchestrator.gateway.openapi import (
     openapi_config,
     streamed,
 )
-from orchestrator.gateway.proxy import TRANSPORT_ERRORS, Proxy, ProxyResult
+from orchestrator.gateway.proxy import Proxy, ProxyResult
 from orchestrator.gateway.routing import ModelRouter, model_of
+from orchestrator.gateway.scrape import rank0_metrics
 from orchestrator.gateway.view import ClusterView
 from orchestrator.status.model import ClusterStatus
 from orchestrator.supervision.metrics import OrchestratorMetrics
@@ -307,24 +308,11 @@ async def status_endpoint(state: State) -> ClusterStatus:
 @get("/metrics", include_in_schema=False)
 async def metrics_endpoint(state: State) -> Response:
     gateway = _gateway(state)
-    text = gateway.metrics.render() + await _rank0_metrics(gateway)
+    if gateway.proxy is None and not gateway.proxies:
+        return Response(gateway.metrics.render(), media_type=PROMETHEUS_TEXT)
+    client = (gateway.proxy or next(iter(gateway.proxies.values()))).client
+    text = gateway.metrics.render() + await rank0_metrics(client, gateway.view, gateway.router)
     return Response(text, media_type=PROMETHEUS_TEXT)
-
-
-async def _rank0_metrics(gateway: Gateway) -> bytes:
-    """Rank 0's serving_* families, so the whole cluster is one scrape target."""
-    if gateway.proxy is None or gateway.view.state != GangState.READY:
-        return b""
-    upstream = await gateway.view.wait_for_upstream(0.0)
-    if upstream is None:
-        return b""
-    try:
-        async with gateway.proxy.client.get(
-            f"{upstream.url}/metrics", timeout=aiohttp.ClientTimeout(total=2.0)
-        ) as response:
-            return await response.read() if response.status == 200 else b""
-    except TRANSPORT_ERRORS:
-        return b""
 
 
 def rank0_session() -> aiohttp.ClientSession:

@@ -28,23 +28,26 @@ def shared_memory_failures(
     prints: Mapping[str, NodeFingerprint],
 ) -> list[PreflightFailure]:
     """`instances`: each instance's spec and placement, by name (the file's spec holds
-    the nodes and the reserve)."""
-    needs: dict[str, list[tuple[str, int]]] = defaultdict(list)  # node -> (instance, bytes)
+    the nodes and the reserve). Nodes on one machine (one kernel boot id: network
+    namespaces) count together."""
+    machine = {node.name: _machine(node.name, prints.get(node.name)) for node in spec.nodes}
+    needs: dict[str, list[tuple[str, str, int]]] = defaultdict(list)
     for name, (_, placement) in instances.items():
         for share in placement.ranks if placement else ():
-            needs[share.node].append((name, share.weight_bytes + share.kv_bytes))
+            needs[machine.get(share.node, share.node)].append(
+                (name, share.node, share.weight_bytes + share.kv_bytes))
     failures = []
-    for node in spec.nodes:
-        users = needs.get(node.name, [])
-        if len(users) < 2:
+    for users in needs.values():
+        if len({instance for instance, _, _ in users}) < 2:
             continue
-        budget = _budget(spec, node.name, prints.get(node.name))
-        total = sum(size for _, size in users)
+        nodes = sorted({node for _, node, _ in users})
+        budget = _budget(spec, nodes, prints.get(nodes[0]))
+        total = sum(size for _, _, size in users)
         if budget is None or total <= budget:
             continue
-        parts = " + ".join(f"{name} {size / GIB:.1f} GiB" for name, size in users)
+        parts = " + ".join(f"{name} {size / GIB:.1f} GiB" for name, _, size in users)
         failures.append(PreflightFailure(
-            node.name, "memory",
+            ", ".join(nodes), "memory",
             f"the instances sharing it need {parts} = {total / GIB:.1f} GiB (weights and "
             f"KV), more than the {budget / GIB:.1f} GiB it may use",
             "move an instance to other nodes ([[instances]] nodes), serve a smaller model "
@@ -53,10 +56,17 @@ def shared_memory_failures(
     return failures
 
 
-def _budget(spec: ClusterSpec, node: str, fingerprint: NodeFingerprint | None) -> float | None:
+def _machine(node: str, fingerprint: NodeFingerprint | None) -> str:
+    return fingerprint.boot_id if fingerprint and fingerprint.boot_id else node
+
+
+def _budget(
+    spec: ClusterSpec, nodes: list[str], fingerprint: NodeFingerprint | None
+) -> float | None:
+    """The machine's usable memory less the reserve; a lone node's memory_gb caps it."""
     usable = fingerprint.usable_memory_bytes() if fingerprint else None
     budget = None if usable is None else usable - spec.preflight.reserve_memory_gb * GIB
-    cap = next((n.memory_gb for n in spec.nodes if n.name == node), None)
-    if cap is not None:
-        budget = cap * GIB if budget is None else min(budget, cap * GIB)
+    caps = [n.memory_gb for n in spec.nodes if n.name in nodes and n.memory_gb is not None]
+    if len(nodes) == 1 and caps:
+        budget = caps[0] * GIB if budget is None else min(budget, caps[0] * GIB)
     return budget
