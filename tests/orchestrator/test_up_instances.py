@@ -115,16 +115,16 @@ def test_requests_go_to_the_replica_with_least_work(cluster: Cluster) -> None:
     body = {"model": "big", "stream": True, "max_tokens": 300,
             "messages": [{"role": "user", "content": "hi"}]}
     with httpx.Client(timeout=120) as client:
-        streams = []
+        streams, held = [], []
         try:
             for _ in range(4):
                 stream = client.stream("POST", f"{cluster.url}/v1/chat/completions", json=body)
-                response = stream.__enter__()
                 streams.append(stream)
-                lines = response.iter_lines()
+                lines = stream.__enter__().iter_lines()
                 next(line for line in lines if line.startswith("data:"))  # under way
-            for stream in streams:
-                stream.__exit__(None, None, None)  # ends it: rank 0 finishes it as cancelled
+                held.append(lines)
+            for lines in held:
+                assert "data: [DONE]" in list(lines)
         finally:
             for stream in streams:
                 stream.__exit__(None, None, None)
