@@ -41,6 +41,9 @@ class ModelSettings(Section):
     path: str = DEFAULT_MODEL
     # The id clients pass as `model`; defaults to the path's last component (hf: NAME).
     id: str | None = None
+    # More names rank 0 answers to as this model (the gateway routes them here), e.g.
+    # Claude Code's small fast model name.
+    aliases: list[str] = msgspec.field(default_factory=list)
     # hf: models only: the Hugging Face cache directory they live in, the same path on every
     # node; None: this machine's HF cache (HF_HUB_CACHE, else ~/.cache/huggingface/hub).
     store: str | None = None

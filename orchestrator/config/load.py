@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from orchestrator.config.instances import instance_issues
 from orchestrator.config.issues import ConfigErrors, ConfigIssue
 from orchestrator.config.rules import semantic_issues
 from orchestrator.config.spec import ClusterSpec
@@ -103,6 +104,7 @@ def check_cluster_data(data: dict[str, Any], file: Path) -> tuple[ClusterSpec, l
     spec = _convert_struct(data, ClusterSpec, "", issues)
     if spec is not None:
         issues.extend(semantic_issues(spec))
+        issues.extend(instance_issues(spec))
     else:
         issues.extend(_rules_despite_type_errors(data, issues))
     errors = [issue for issue in issues if issue.severity == "error"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -151,6 +151,22 @@ class LinkSpec(Section):
     rdma: Pair | None = None  # jaccl only: "rdma_en3" on each end
 
 
+class InstanceSpec(Section):
+    """One `[[instances]]` table: a model served by its own gang on some of the nodes,
+    supervised on its own (orchestrator/config/instances.py derives its ClusterSpec)."""
+
+    name: Name  # unique; in logs, status, metrics (label model_instance), state file names
+    model: str  # as [model] path
+    nodes: list[Name]  # names from [[nodes]], in rank order
+    id: str | None = None  # the id clients pass as `model`; default: as [model] id
+    aliases: list[str] = msgspec.field(default_factory=list)  # more names routed here
+    parallel: Literal["auto", "tensor", "pipeline"] | None = None  # default: [cluster]'s
+    context_length: Annotated[int, Meta(gt=0)] | None = None
+    # [serving] keys overriding the file's [serving] for this instance (ports excepted:
+    # they are assigned per instance).
+    serving: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 class ClusterSpec(Section):
     nodes: list[NodeSpec]
     links: list[LinkSpec] = msgspec.field(default_factory=list)
@@ -161,6 +177,8 @@ class ClusterSpec(Section):
     supervisor: SupervisorSection = msgspec.field(default_factory=SupervisorSection)
     preflight: PreflightSection = msgspec.field(default_factory=PreflightSection)
     bootstrap: BootstrapSection = msgspec.field(default_factory=BootstrapSection)
+    # Several models or replicas, each its own gang; empty: one instance, [model] on every node.
+    instances: list[InstanceSpec] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         # [bootstrap] venv is the default venv of ssh nodes that name no interpreter; a local

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from orchestrator.config.api_auth import describe_auth, unset_key_issue
+from orchestrator.config.instances import instance_specs
 from orchestrator.config.issues import ConfigIssue
 from orchestrator.config.links import rank_addresses
 from orchestrator.config.spec import ClusterSpec
@@ -39,10 +40,28 @@ def summarize(
             f"  {rank:<5} {node.name:<16} {node.transport:<10} {address:<22} "
             f"{node.python_executable} ({where})"
         )
+    lines += _instances(spec)
     if warnings:
         lines += ["", "warnings:"]
         lines += ["  " + warning.render(source) for warning in warnings]
     return "\n".join(lines)
+
+
+def _instances(spec: ClusterSpec) -> list[str]:
+    """Each [[instances]] table: its model, id and aliases, nodes, ports (the file's own
+    [model] line above then serves no instance)."""
+    if not spec.instances:
+        return []
+    lines = ["", f"  {'instance':<12} {'serves':<28} {'nodes':<24} ports (ranks, rank 0 API)"]
+    for name, derived in instance_specs(spec).items():
+        model = derived.model
+        serves = ", ".join([model.served_id, *model.aliases])
+        nodes = ", ".join(node.name for node in derived.nodes)
+        first = derived.cluster.rank_port
+        ranks = f"{first}-{first + derived.world_size - 1}" if derived.world_size > 1 else first
+        lines.append(f"  {name:<12} {serves:<28} {nodes:<24} {ranks}, "
+                     f"{derived.serving.rank_api_port}   {model.path}")
+    return lines
 
 
 def _mode(spec: ClusterSpec) -> str:

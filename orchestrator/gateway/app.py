@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from contract.openai_schemas import (
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+    ModelCard,
     ModelList,
 )
 from contract.responses_schemas import RESPONSES_PATH, ResponsesRequest
@@ -45,6 +47,7 @@ from orchestrator.gateway.charts import ChartHistory, sampling
 from orchestrator.gateway.errors import (
     ClientGone,
     api_error_handler,
+    check_utf8,
     http_exception_handler,
     unauthorized,
     unexpected_error_handler,
@@ -59,7 +62,9 @@ from orchestrator.gateway.openapi import (
     openapi_config,
     streamed,
 )
-from orchestrator.gateway.proxy import TRANSPORT_ERRORS, Proxy, ProxyResult
+from orchestrator.gateway.proxy import Proxy, ProxyResult
+from orchestrator.gateway.routing import ModelRouter, model_of
+from orchestrator.gateway.scrape import rank0_metrics
 from orchestrator.gateway.view import ClusterView
 from orchestrator.status.model import ClusterStatus
 from orchestrator.supervision.metrics import OrchestratorMetrics
@@ -79,7 +84,17 @@ class Gateway:
     status: Callable[[], ClusterStatus]
     metrics: OrchestratorMetrics
     api_key: str | None
+    router: ModelRouter | None = None  # several models: which route a request's model takes
     proxy: Proxy | None = None
+    proxies: dict[str, Proxy] = field(default_factory=dict)  # by model id, with a router
+
+    def proxy_for(self, body: bytes) -> Proxy:
+        """The proxy of the model the request names (one model: the only proxy)."""
+        if self.router is None or len(self.router.routes) == 1:
+            proxy = self.proxy or next(iter(self.proxies.values()), None)
+            assert proxy is not None, "the lifespan opens the proxy"
+            return proxy
+        return self.proxies[self.router.route(model_of(body)).model_id]
 
 
 def _gateway(state: State) -> Gateway:
@@ -202,8 +217,14 @@ async def responses(
 @get("/models", operation_id="listModels", summary="List models",
      responses=error_responses(400, 401, 503))
 async def models(request: Request, state: State) -> Response[ModelList]:
-    """The one model the cluster serves."""
-    return await _forward(request, state, "/v1/models")
+    """The models the cluster serves: each id once (aliases are not listed: see
+    docs/operations.md, routing)."""
+    router = _gateway(state).router
+    if router is None or len(router.routes) == 1:
+        return await _forward(request, state, "/v1/models")
+    created = int(time.time())
+    listed = ModelList([ModelCard(model_id, created) for model_id in router.ids])
+    return Response(listed)
 
 
 def v1_router(api_key: bool) -> Router:
@@ -223,11 +244,10 @@ def v1_router(api_key: bool) -> Router:
 async def _forward(request: Request, state: State, path: str) -> Response[Any]:
     """The request's own bytes to rank 0 (held through restarts; cancelled if the client
     leaves), its answer back as it comes: whole, or streamed chunk by chunk."""
-    proxy = _gateway(state).proxy
-    assert proxy is not None, "the lifespan opens the proxy"
     body = await request.body()
     headers = dict(request.headers)
-    _check_utf8(body, headers)
+    check_utf8(body, headers)
+    proxy = _gateway(state).proxy_for(body)
     forward = proxy.forward(request.method, path, request.url.query or "", headers, body)
     result = await _unless_client_leaves(request, forward)
     _gateway(state).metrics.responses.labels(status=str(result.status)).inc()
@@ -236,21 +256,6 @@ async def _forward(request: Request, state: State, path: str) -> Response[Any]:
     return Stream(
         _chain(result.first_chunk, result.rest), status_code=result.status, headers=result.headers
     )
-
-
-def _check_utf8(body: bytes, headers: dict[str, str]) -> None:
-    """Bytes that are not UTF-8 are the client's mistake: a 400 naming where, not a 500."""
-    try:
-        body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ApiError(400, f"the request body is not UTF-8: {exc.reason} at byte {exc.start}",
-                       code="invalid_encoding") from None
-    for name, value in headers.items():
-        try:  # ASGI hands header values over as latin-1
-            value.encode("latin-1").decode("utf-8")
-        except UnicodeError:
-            raise ApiError(400, f"the value of header {name!r} is not UTF-8",
-                           code="invalid_encoding") from None
 
 
 async def _unless_client_leaves(request: Request, forward: Awaitable[ProxyResult]) -> ProxyResult:
@@ -303,24 +308,11 @@ async def status_endpoint(state: State) -> ClusterStatus:
 @get("/metrics", include_in_schema=False)
 async def metrics_endpoint(state: State) -> Response:
     gateway = _gateway(state)
-    text = gateway.metrics.render() + await _rank0_metrics(gateway)
+    if gateway.proxy is None and not gateway.proxies:
+        return Response(gateway.metrics.render(), media_type=PROMETHEUS_TEXT)
+    client = (gateway.proxy or next(iter(gateway.proxies.values()))).client
+    text = gateway.metrics.render() + await rank0_metrics(client, gateway.view, gateway.router)
     return Response(text, media_type=PROMETHEUS_TEXT)
-
-
-async def _rank0_metrics(gateway: Gateway) -> bytes:
-    """Rank 0's serving_* families, so the whole cluster is one scrape target."""
-    if gateway.proxy is None or gateway.view.state != GangState.READY:
-        return b""
-    upstream = await gateway.view.wait_for_upstream(0.0)
-    if upstream is None:
-        return b""
-    try:
-        async with gateway.proxy.client.get(
-            f"{upstream.url}/metrics", timeout=aiohttp.ClientTimeout(total=2.0)
-        ) as response:
-            return await response.read() if response.status == 200 else b""
-    except TRANSPORT_ERRORS:
-        return b""
 
 
 def rank0_session() -> aiohttp.ClientSession:
@@ -346,19 +338,26 @@ def create_app(
     api_key: str | None,
     request_timeout_s: float,
     serving: Callable[[], ServingSample | None] | None = None,
+    router: ModelRouter | None = None,
 ) -> Litestar:
-    """`serving`: rank 0's latest counters as the supervisor scraped them, for the charts."""
-    gateway = Gateway(view, status, metrics, api_key)
+    """`serving`: rank 0's latest counters as the supervisor scraped them, for the charts.
+    `router`: several instances (`view` is then every instance together, for /health)."""
+    gateway = Gateway(view, status, metrics, api_key, router)
     charts = ChartHistory()
 
     @asynccontextmanager
     async def open_proxy(_: Litestar) -> AsyncIterator[None]:
         async with rank0_session() as client:
-            gateway.proxy = Proxy(view, client, metrics, request_timeout_s)
+            if router is None:
+                gateway.proxy = Proxy(view, client, metrics, request_timeout_s)
+            for route in router.routes.values() if router else ():
+                gateway.proxies[route.model_id] = Proxy(
+                    route, client, metrics, request_timeout_s, route.in_flight)
             try:
                 yield
             finally:
                 gateway.proxy = None
+                gateway.proxies.clear()
 
     return Litestar(
         route_handlers=[

@@ -23,6 +23,21 @@ def unavailable(message: str, retry_after_s: int, code: str = "cluster_unavailab
     return ApiError(503, message, code=code, headers={"Retry-After": str(retry_after_s)})
 
 
+def check_utf8(body: bytes, headers: dict[str, str]) -> None:
+    """Bytes that are not UTF-8 are the client's mistake: a 400 naming where, not a 500."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not UTF-8: {exc.reason} at byte {exc.start}",
+                       code="invalid_encoding") from None
+    for name, value in headers.items():
+        try:  # ASGI hands header values over as latin-1
+            value.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            raise ApiError(400, f"the value of header {name!r} is not UTF-8",
+                           code="invalid_encoding") from None
+
+
 class ClientGone(Exception):
     """The client disconnected before its answer: nobody reads what we would send."""
 

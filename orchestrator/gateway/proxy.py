@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -128,10 +129,14 @@ class Proxy:
         client: aiohttp.ClientSession,
         metrics: OrchestratorMetrics,
         request_timeout_s: float,
+        in_flight: Counter[str] | None = None,
     ) -> None:
         self.view, self.client, self.metrics = view, client, metrics
         self.request_timeout_s = request_timeout_s
         self.gate = IsolationGate()
+        # This proxy's requests at each launch's rank 0, until their answer ends: the
+        # work routing weighs replicas by (orchestrator/gateway/routing.py).
+        self.in_flight: Counter[str] = Counter() if in_flight is None else in_flight
 
     async def forward(
         self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
@@ -148,7 +153,7 @@ class Proxy:
                     raise self._unavailable_error()
                 self.view.wake_workers()
                 try:
-                    return await self._send(
+                    return await self._counted(
                         upstream, method, path, query, headers, body, wants_stream(body)
                     )
                 except UpstreamLost as lost:
@@ -184,6 +189,37 @@ class Proxy:
         cause = self.view.reason if self.view.state != GangState.READY else ""
         return request_of_death(cause)
 
+    async def _counted(
+        self, upstream: Upstream, *args: Any
+    ) -> ProxyResult:
+        """_send, with the request counted at its launch until its answer ends."""
+        launch = upstream.launch_id
+        self.in_flight[launch] += 1
+        try:
+            result = await self._send(upstream, *args)
+        except BaseException:
+            self._release(launch)
+            raise
+        if result.rest is None:
+            self._release(launch)
+            return result
+        result.rest = self._released_after(result.rest, launch)
+        return result
+
+    def _release(self, launch: str) -> None:
+        self.in_flight[launch] -= 1
+        if self.in_flight[launch] <= 0:
+            del self.in_flight[launch]
+
+    async def _released_after(
+        self, rest: AsyncIterator[bytes], launch: str
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in rest:
+                yield chunk
+        finally:
+            self._release(launch)
+
     async def _send(
         self,
         upstream: Upstream,
@@ -195,8 +231,8 @@ class Proxy:
         stream: bool,
     ) -> ProxyResult:
         url = f"{upstream.url}{path}" + (f"?{query}" if query else "")
-        # ASGI decoded the values as latin-1; _check_utf8 let only UTF-8 bytes through, and
-        # aiohttp encodes str values as UTF-8: rank 0 gets the client's bytes.
+        # ASGI decoded the values as latin-1; check_utf8 (errors.py) let only UTF-8 through,
+        # and aiohttp encodes str values as UTF-8: rank 0 gets the client's bytes.
         forwarded = {
             k: v.encode("latin-1").decode("utf-8")
             for k, v in headers.items()

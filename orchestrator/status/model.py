@@ -55,6 +55,7 @@ class RankStatus(Struct, kw_only=True):
     state: str  # running | starting | exited | stopped
     uptime_s: float = 0.0
     last_exit: str = ""
+    instance: str = ""  # with [[instances]]: whose rank it is
 
 
 class ServingStatus(Struct, kw_only=True):
@@ -71,6 +72,23 @@ class RestartEntry(Struct, kw_only=True):
     at: float  # unix time the failure was noticed
     cause: str
     summary: str
+
+
+class InstanceStatus(Struct, kw_only=True):
+    """One `[[instances]]` table's gang: its model, nodes, ranks, mode and supervision."""
+
+    name: str
+    model: str  # the id clients pass
+    aliases: list[str] = []
+    nodes: list[str] = []
+    mode: str = ""  # tensor | pipeline, once placed
+    state: str
+    reason: str = ""
+    launch_id: str = ""
+    restarts: int = 0
+    last_cause: str = ""
+    ranks: list[RankStatus] = []
+    serving: ServingStatus = field(default_factory=ServingStatus)
 
 
 class ClusterStatus(Struct, kw_only=True):
@@ -90,3 +108,5 @@ class ClusterStatus(Struct, kw_only=True):
     history: list[RestartEntry] = []  # the latest gang failures, oldest first
     placement: Placement | None = None  # tensor or pipeline, and each rank's share
     links: list[LinkStatus] = []  # the cables between ranks, for the page's drawing
+    # With [[instances]]: each one (the fields above then sum or list them all).
+    instances: list[InstanceStatus] = []

@@ -29,7 +29,29 @@ def render_status(status: ClusterStatus) -> Group:
     )
     placement = status.placement
     mode = Text(f"{placement.mode} parallel: {placement.reason}" if placement else "")
-    return Group(head, mode, _nodes_table(status), _ranks_table(status), _serving_line(status))
+    parts: list[Text | Table] = [head, mode, _nodes_table(status)]
+    if status.instances:
+        parts.append(_instances_table(status))
+    return Group(*parts, _ranks_table(status), _serving_line(status))
+
+
+def _instances_table(status: ClusterStatus) -> Table:
+    """[[instances]]: what each serves, where, in which mode and state."""
+    table = Table(title="instances", title_justify="left", expand=False)
+    for column in ("instance", "serves", "nodes", "ranks", "mode", "state", "restarts"):
+        table.add_column(column)
+    for one in status.instances:
+        style = STATE_STYLE.get(one.state, "bold yellow")
+        table.add_row(
+            one.name,
+            ", ".join([one.model, *one.aliases]),
+            ", ".join(one.nodes),
+            str(len(one.ranks)),
+            one.mode or "-",
+            f"[{style}]{one.state}[/]" + (f" {one.reason}" if one.reason else ""),
+            str(one.restarts) + (f" ({one.last_cause})" if one.last_cause else ""),
+        )
+    return table
 
 
 def _nodes_table(status: ClusterStatus) -> Table:
@@ -74,12 +96,15 @@ def _memory(node: NodeStatus) -> str:
 
 def _ranks_table(status: ClusterStatus) -> Table:
     table = Table(title="ranks", title_justify="left", expand=False)
-    for column in ("rank", "node", "share", "pid", "state", "uptime", "last exit"):
+    several = bool(status.instances)
+    for column in ("instance",) * several + (
+            "rank", "node", "share", "pid", "state", "uptime", "last exit"):
         table.add_column(column)
     shares = {share.rank: share for share in status.placement.ranks} if status.placement else {}
     for rank in status.ranks:
         share = shares.get(rank.rank)
         table.add_row(
+            *([rank.instance] if several else []),
             str(rank.rank),
             rank.node,
             _share(share) if share else "-",

@@ -137,5 +137,9 @@ class OrchestratorMetrics:
         for status in STATUSES:
             self.responses.labels(status=status)
 
+    def expose(self, registry: CollectorRegistry) -> None:
+        """Serve `registry` at /metrics instead (every instance's, labelled)."""
+        self._exposed = registry
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(getattr(self, "_exposed", self.registry))

@@ -21,6 +21,13 @@ def invalid(message: str, param: str | None, code: str | None = None) -> ApiErro
     return ApiError(400, message, param=param, code=code)
 
 
+def check_served(model: str | None, served: str | frozenset[str]) -> None:
+    """`served`: the model's id, or its id and aliases (ServingState.model_ids)."""
+    known = model == served if isinstance(served, str) else model in served
+    if not known:
+        raise model_not_found(str(model))
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(
         404, f"The model '{model}' does not exist", param="model", code="model_not_found"

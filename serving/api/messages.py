@@ -200,7 +200,7 @@ class MessagesController(Controller):
     async def create(self, request: Request, state: State) -> Response[Message] | Stream:
         serving: ServingState = state.serving
         req = decode_body(await request.body(), MessagesRequest)
-        thinking = check_request(req, serving.model_id)
+        thinking = check_request(req, serving.model_ids)
         _, model = ready(serving)
         tools = tool_plan(req, model.tokenizer)
         prompt = _prompt(req, thinking, serving, tools)
@@ -223,7 +223,7 @@ class MessagesController(Controller):
         """The prompt's tokens as the chat template renders it, tools included."""
         serving: ServingState = state.serving
         req = decode_body(await request.body(), CountTokensRequest)
-        thinking = check_prompt_fields(req, serving.model_id)
+        thinking = check_prompt_fields(req, serving.model_ids)
         _, model = ready(serving)
         tools = tool_plan(req, model.tokenizer)
         return TokenCount(len(_prompt(req, thinking, serving, tools)))

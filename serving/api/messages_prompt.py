@@ -16,7 +16,7 @@ from contract.anthropic_schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from serving.api.errors import invalid, model_not_found
+from serving.api.errors import check_served, invalid
 from serving.api.generation import random_seed
 from serving.api.messages_thinking import ThinkingPlan, thinking_plan
 from serving.api.reasoning import prompt_opens_reasoning, reasoning_fields
@@ -31,10 +31,9 @@ SPEEDS = (None, "standard", "fast")  # no effect here: one speed
 MAX_STOP_SEQUENCES = 16
 
 
-def check_prompt_fields(req: PromptFields, served: str) -> ThinkingPlan:
+def check_prompt_fields(req: PromptFields, served: str | frozenset[str]) -> ThinkingPlan:
     """What /v1/messages and its count_tokens share: model, thinking, tools, tool_choice."""
-    if req.model != served:
-        raise model_not_found(req.model)
+    check_served(req.model, served)
     if not req.messages:
         raise invalid("messages must not be empty", "messages")
     for i, tool in enumerate(req.tools or []):
@@ -54,7 +53,7 @@ def check_prompt_fields(req: PromptFields, served: str) -> ThinkingPlan:
     return thinking_plan(req)
 
 
-def check_request(req: MessagesRequest, served: str) -> ThinkingPlan:
+def check_request(req: MessagesRequest, served: str | frozenset[str]) -> ThinkingPlan:
     plan = check_prompt_fields(req, served)
     if req.max_tokens < 1:
         raise invalid(f"max_tokens must be at least 1, got {req.max_tokens}", "max_tokens")

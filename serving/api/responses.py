@@ -115,7 +115,7 @@ class ResponsesController(Controller):
     async def create(self, request: Request, state: State) -> Response[ResponseBody] | Stream:
         serving: ServingState = state.serving
         req = decode_body(await request.body(), ResponsesRequest)
-        check_request(req, serving.model_id)
+        check_request(req, serving.model_ids)
         _, model = ready(serving)
         tools = tool_set(req.tools)
         plan = tool_plan(req, tools, model.tokenizer)

@@ -10,7 +10,7 @@ from typing import Any
 
 from contract.responses_schemas import ResponsesRequest
 from serving.api.chat_reasoning import EFFORTS as THINKING
-from serving.api.errors import invalid, model_not_found
+from serving.api.errors import check_served, invalid
 from serving.api.generation import random_seed
 from serving.api.responses_tools import template_name
 from serving.api.state import ServedModel
@@ -29,10 +29,9 @@ TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_te
 SYSTEM_ROLES = ("system", "developer")
 
 
-def check_request(req: ResponsesRequest, served: str) -> None:
+def check_request(req: ResponsesRequest, served: str | frozenset[str]) -> None:
     """Each field's value; what is stateful or not served is a 400 that says why."""
-    if req.model != served:
-        raise model_not_found(req.model)
+    check_served(req.model, served)
     if req.previous_response_id is not None:
         raise invalid(
             "this server keeps no responses (store is always false): send the whole "

@@ -37,6 +37,11 @@ class ServingState:
     thinking_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def model_ids(self) -> frozenset[str]:
+        """The names a request's `model` may give: the id and its aliases."""
+        return frozenset([self.model_id, *self.settings.model.aliases])
+
     def set_ready(self, engine: Engine, model: ServedModel) -> None:
         with self.lock:
             self.engine, self.model = engine, model

@@ -11,7 +11,7 @@ import msgspec
 from contract.openai_errors import ApiError
 from contract.openai_schemas import ChatCompletionRequest, ChatMessage, SamplingFields, ToolCall
 from contract.settings import RankSettings
-from serving.api.errors import invalid, model_not_found
+from serving.api.errors import check_served, invalid
 from serving.api.reasoning import reasoning_fields
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ def decode_body(raw: bytes, kind: type[T]) -> T:
         raise invalid(f"Malformed JSON body: {exc}", None, "invalid_json") from exc
 
 
-def check_request(req: SamplingFields, served: str, limit: int) -> int | None:
+def check_request(req: SamplingFields, served: str | frozenset[str], limit: int) -> int | None:
     """Every field of a chat or text completion request checked; the top logprobs asked
     for (None: no logprobs)."""
     check_model(req, served)
@@ -67,11 +67,10 @@ def requested_max_tokens(req: SamplingFields) -> int | None:
     return req.max_tokens
 
 
-def check_model(req: SamplingFields, served: str) -> None:
+def check_model(req: SamplingFields, served: str | frozenset[str]) -> None:
     if req.model is None:
         raise invalid("You must provide a model parameter", "model")
-    if req.model != served:
-        raise model_not_found(req.model)
+    check_served(req.model, served)
 
 
 def check_sampling(req: SamplingFields, max_tokens: int | None, limit: int) -> None:
