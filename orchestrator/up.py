@@ -22,10 +22,12 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from contract.http_limits import raise_file_limit, server_options
 from contract.placement import Placement
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.gateway.app import create_app
+from orchestrator.gateway.http_protocol import HttpProtocol
 from orchestrator.launch import launch_secret, thinking_key
 from orchestrator.launch.adoption import adopt_or_clear, launch_record
 from orchestrator.launch.gang import Gang
@@ -79,6 +81,7 @@ class Service:
         self._owner = False
 
     async def run(self) -> int:
+        raise_file_limit()  # room for the gateway's connections (contract/http_limits.py)
         previous = read_state(self.state_file)
         if previous is not None and orchestrator_alive(previous):
             log.error(
@@ -229,6 +232,8 @@ class Service:
                 port=self.spec.api.port,
                 log_level="warning",
                 timeout_graceful_shutdown=int(self.spec.supervisor.stop_grace_s) or None,
+                http=HttpProtocol,
+                **server_options(),
             )
         )
         # uvicorn inside our loop: the service owns the signals, not uvicorn.

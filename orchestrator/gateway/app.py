@@ -8,7 +8,7 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from orchestrator.gateway.errors import (
     unauthorized,
     unexpected_error_handler,
 )
+from orchestrator.gateway.intake import BodySlots, read_body_bounded
 from orchestrator.gateway.live import live_endpoint
 from orchestrator.gateway.openapi import (
     API_KEY_HEADER,
@@ -59,7 +60,8 @@ from orchestrator.gateway.openapi import (
     openapi_config,
     streamed,
 )
-from orchestrator.gateway.proxy import TRANSPORT_ERRORS, Proxy, ProxyResult
+from orchestrator.gateway.proxy import Proxy, ProxyResult
+from orchestrator.gateway.rank0_metrics import Rank0Metrics
 from orchestrator.gateway.view import ClusterView
 from orchestrator.status.model import ClusterStatus
 from orchestrator.supervision.metrics import OrchestratorMetrics
@@ -80,6 +82,8 @@ class Gateway:
     metrics: OrchestratorMetrics
     api_key: str | None
     proxy: Proxy | None = None
+    rank0_metrics: Rank0Metrics = field(default_factory=Rank0Metrics)
+    bodies: BodySlots = field(default_factory=BodySlots)  # orchestrator/gateway/intake.py
 
 
 def _gateway(state: State) -> Gateway:
@@ -214,7 +218,7 @@ def v1_router(api_key: bool) -> Router:
         route_handlers=[
             chat_completions, completions, messages, count_tokens, responses, models,
         ],
-        guards=[require_api_key],
+        guards=[require_api_key, read_body_bounded],
         security=[{BEARER: []}, {X_API_KEY: []}] if api_key else None,
         request_max_body_size=MAX_BODY_BYTES,
     )
@@ -302,25 +306,12 @@ async def status_endpoint(state: State) -> ClusterStatus:
 
 @get("/metrics", include_in_schema=False)
 async def metrics_endpoint(state: State) -> Response:
+    """The orchestrator's own families, then rank 0's (from a short cache), so the whole
+    cluster is one scrape target."""
     gateway = _gateway(state)
-    text = gateway.metrics.render() + await _rank0_metrics(gateway)
-    return Response(text, media_type=PROMETHEUS_TEXT)
-
-
-async def _rank0_metrics(gateway: Gateway) -> bytes:
-    """Rank 0's serving_* families, so the whole cluster is one scrape target."""
-    if gateway.proxy is None or gateway.view.state != GangState.READY:
-        return b""
-    upstream = await gateway.view.wait_for_upstream(0.0)
-    if upstream is None:
-        return b""
-    try:
-        async with gateway.proxy.client.get(
-            f"{upstream.url}/metrics", timeout=aiohttp.ClientTimeout(total=2.0)
-        ) as response:
-            return await response.read() if response.status == 200 else b""
-    except TRANSPORT_ERRORS:
-        return b""
+    client = gateway.proxy.client if gateway.proxy else None
+    rank0 = await gateway.rank0_metrics.text(gateway.view, client)
+    return Response(gateway.metrics.render() + rank0, media_type=PROMETHEUS_TEXT)
 
 
 def rank0_session() -> aiohttp.ClientSession:
