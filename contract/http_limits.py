@@ -18,7 +18,7 @@ import contextlib
 import resource
 from typing import Any
 
-HEAD_TIMEOUT_S = 10.0  # from connecting (or the last response) to a request's whole head
+HEAD_TIMEOUT_S = 5.0  # from connecting (or the last response) to a request's whole head
 KEEP_ALIVE_S = 5  # an idle connection between requests (uvicorn's timeout_keep_alive)
 MAX_HEAD_BYTES = 64 * 1024  # a request line and headers; clients send a few KiB at most
 MAX_CONNECTIONS = 1000  # uvicorn's limit_concurrency: beyond it, new requests get a 503
