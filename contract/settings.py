@@ -129,6 +129,10 @@ class RankSettings(Section):
     # Rank 0's /v1 routes require the secret held in this file of its working directory
     # (contract/launch_secret.py); None: no secret (a rank started by hand, tests).
     api_secret_file: str | None = None
+    # TLS for that API when it listens beyond loopback: the key and certificate files in
+    # its working directory (made per launch; the gateway pins the certificate); None: HTTP.
+    api_tls_key_file: str | None = None
+    api_tls_cert_file: str | None = None
 
     def __post_init__(self) -> None:
         problems = settings_problems(self.model, self.serving)

@@ -9,6 +9,7 @@ it needs no CA and no hostname: only the holder of its key can complete the hand
 from __future__ import annotations
 
 import datetime
+import functools
 import ssl
 
 from cryptography import x509
@@ -39,6 +40,13 @@ def self_signed(common_name: str, days: int = 7) -> tuple[bytes, bytes]:
         serialization.NoEncryption(),
     )
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+@functools.lru_cache(maxsize=8)  # one per launch's certificate: made once, not per request
+def pinned_for(cert_pem: str) -> ssl.SSLContext | bool:
+    """aiohttp's `ssl` argument for a URL whose certificate is cert_pem: the pinned context,
+    or True (the default, unused by plain http://) when there is none."""
+    return pinned(cert_pem) if cert_pem else True
 
 
 def pinned(cert_pem: str) -> ssl.SSLContext:

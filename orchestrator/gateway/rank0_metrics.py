@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from ssl import SSLContext
 
 import aiohttp
 
 from orchestrator.gateway.view import ClusterView
 from orchestrator.supervision.state import GangState
+from orchestrator.tls import pinned_for
 
 CACHE_S = 1.0  # Prometheus scrapes every 15 s or so: a second old is fresh
 FETCH_TIMEOUT_S = 2.0
@@ -44,15 +46,15 @@ class Rank0Metrics:
             if kept and kept[0] == upstream.launch_id and self.clock() - kept[1] < self.cache_s:
                 return kept[2]
             self.fetches += 1
-            text = await _fetch(client, f"{upstream.url}/metrics")
+            text = await _fetch(client, f"{upstream.url}/metrics", pinned_for(upstream.tls_cert))
             self._kept = (upstream.launch_id, self.clock(), text)
             return text
 
 
-async def _fetch(client: aiohttp.ClientSession, url: str) -> bytes:
+async def _fetch(client: aiohttp.ClientSession, url: str, ssl: SSLContext | bool) -> bytes:
     try:
         async with client.get(
-            url, timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
+            url, timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S), ssl=ssl
         ) as response:
             return await response.read() if response.status == 200 else b""
     except TRANSPORT_ERRORS:

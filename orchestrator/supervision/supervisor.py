@@ -205,7 +205,8 @@ class Supervisor:
     async def _until_healthy(self) -> RankFailure | None:
         assert self.view.gang is not None
         timeout = self.spec.supervisor.launch_timeout_s
-        if await self.probe.healthy(self.view.gang.rank0_url, timeout):
+        gang = self.view.gang
+        if await self.probe.healthy(gang.rank0_url, timeout, gang.plan.tls_cert):
             return None
         return RankFailure(Cause.INIT_TIMEOUT, self.spec.nodes[0].name, 0,
                            f"rank 0 not healthy within {timeout:g} s", self._clock())
@@ -218,7 +219,7 @@ class Supervisor:
         while True:
             await self._sleep(WATCH_S)
             self.policy.note_ready(self._ready_since)
-            sample = await self.probe.sample(gang.rank0_url)
+            sample = await self.probe.sample(gang.rank0_url, gang.plan.tls_cert)
             reason = watch.observe(sample, self._clock())
             if reason is not None:
                 return RankFailure(Cause.HANG, self.spec.nodes[0].name, 0, reason, self._clock())

@@ -156,6 +156,9 @@ class Rank0:
         config = uvicorn.Config(
             create_app(self.state), log_level="warning", lifespan="on",
             timeout_graceful_shutdown=5, http=HttpProtocol, **server_options(),
+            # Beyond loopback, TLS with the launch's own certificate (the gateway pins it).
+            ssl_keyfile=self.settings.api_tls_key_file,
+            ssl_certfile=self.settings.api_tls_cert_file,
         )
         self.server = uvicorn.Server(config)
         # Our handlers (above) decide how to stop, not uvicorn's.
