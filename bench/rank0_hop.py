@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncssh
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator.tls import pinned, self_signed  # noqa: E402
+from orchestrator.transports.ssh import SshTransport  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
 from testkit.sshd import run_sshd  # noqa: E402
 
@@ -88,14 +88,17 @@ def start(port: int, tokens: int, *tls: str) -> subprocess.Popen[bytes]:
 
 
 async def through_ssh(sshd: Any, target_port: int, **kw: Any) -> dict[str, float]:
-    async with asyncssh.connect(sshd.host, port=sshd.port, username=sshd.user,
-                                client_keys=[str(sshd.user_key)],
-                                known_hosts=str(sshd.known_hosts)) as conn:
-        listener = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", target_port)
+    transport = SshTransport(sshd.node())  # the connection an orchestrator holds to a node
+    await transport.connect()
+    try:
+        listener = await transport.connection.forward_local_port(
+            "127.0.0.1", 0, "127.0.0.1", target_port)
         try:
             return await measure(f"http://127.0.0.1:{listener.get_port()}", None, **kw)
         finally:
             listener.close()
+    finally:
+        await transport.close()
 
 
 def main() -> None:
