@@ -13,6 +13,8 @@ from pathlib import Path
 
 HEADER = "X-Launch-Secret"
 FILE = "launch_secret"  # in rank 0's working directory
+TLS_KEY_FILE = "api_tls_key.pem"  # rank 0's TLS key and certificate, when it serves TLS
+TLS_CERT_FILE = "api_tls_cert.pem"
 
 
 class LaunchSecretError(ValueError):

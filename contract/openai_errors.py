@@ -34,6 +34,7 @@ HTTP_ERRORS: dict[int, ErrorKind] = {
     401: ErrorKind("invalid_request_error", "invalid_api_key", "authentication_error"),
     404: ErrorKind("invalid_request_error", "not_found", "not_found_error"),
     405: ErrorKind("invalid_request_error", "method_not_allowed", "invalid_request_error"),
+    408: ErrorKind("invalid_request_error", "request_timeout", "invalid_request_error"),
     413: ErrorKind("invalid_request_error", "request_too_large", "request_too_large"),
     429: ErrorKind("rate_limit_error", "rate_limit_exceeded", "rate_limit_error"),
     # Nobody reads a 499: the client left.

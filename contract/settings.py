@@ -136,6 +136,10 @@ class RankSettings(Section):
     # its node after the weights and the reserve (serving.kv_cache_gb unset); None: the
     # rank measures what is left once loaded (serving/rank/kv_setup.py).
     kv_budget_bytes: list[NonNegativeInt] | None = None
+    # TLS for that API when it listens beyond loopback: the key and certificate files in
+    # its working directory (made per launch; the gateway pins the certificate); None: HTTP.
+    api_tls_key_file: str | None = None
+    api_tls_cert_file: str | None = None
 
     def __post_init__(self) -> None:
         problems = settings_problems(self.model, self.serving)

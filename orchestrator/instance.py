@@ -186,7 +186,8 @@ class Instance:
         # Kept for whoever must reach this launch's rank 0 later (an adopting orchestrator).
         launch_secret.save(self.spec.state_dir, self.spec.cluster.name,
                            launch_secret.LaunchSecret(launch_id=gang.launch_id,
-                                                      secret=gang.plan.secret))
+                                                      secret=gang.plan.secret,
+                                                      tls_cert=gang.plan.tls_cert))
         ranks = [
             RankRecord(rank=p.rank, node=p.node, pid=p.pid, launch_id=gang.launch_id)
             for p in gang.ranks.values()

@@ -25,10 +25,12 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from contract.http_limits import raise_file_limit, server_options
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.config.instances import instance_specs
 from orchestrator.gateway.app import create_app
+from orchestrator.gateway.http_protocol import HttpProtocol
 from orchestrator.gateway.routing import ModelRoute, ModelRouter, Replica
 from orchestrator.gateway.view import ClusterView
 from orchestrator.instance import Instance
@@ -76,6 +78,7 @@ class Service:
         return self.instances[0].supervisor
 
     async def run(self) -> int:
+        raise_file_limit()  # room for the gateway's connections (contract/http_limits.py)
         for instance in self.instances:
             previous = instance.previous
             if previous is not None and orchestrator_alive(previous):
@@ -183,6 +186,8 @@ class Service:
                 port=self.spec.api.port,
                 log_level="warning",
                 timeout_graceful_shutdown=int(self.spec.supervisor.stop_grace_s) or None,
+                http=HttpProtocol,
+                **server_options(),
             )
         )
         # uvicorn inside our loop: the service owns the signals, not uvicorn.

@@ -101,10 +101,10 @@ class FakeProbe:
         self.frozen_url = ""
         self.steps = 0.0
 
-    async def healthy(self, base_url: str, timeout_s: float) -> bool:
+    async def healthy(self, base_url: str, timeout_s: float, tls_cert: str = "") -> bool:
         return True
 
-    async def sample(self, base_url: str) -> ServingSample | None:
+    async def sample(self, base_url: str, tls_cert: str = "") -> ServingSample | None:
         if base_url != self.frozen_url:
             self.steps += 1
         return ServingSample(steps=self.steps, last_step_timestamp=self.steps)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
 
-def metric_value(base_url: str, name: str) -> float:
-    """The sum of a metric's samples named exactly `name` (any labels) from /metrics."""
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+def metric_value(base_url: str, name: str, verify: Any = True) -> float:
+    """The sum of a metric's samples named exactly `name` (any labels) from /metrics
+    (`verify`: httpx's, e.g. a context pinned to rank 0's certificate)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10, verify=verify).text
     pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.MULTILINE)
     return sum(float(v) for v in pattern.findall(text))
 

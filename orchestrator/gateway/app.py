@@ -52,6 +52,7 @@ from orchestrator.gateway.errors import (
     unauthorized,
     unexpected_error_handler,
 )
+from orchestrator.gateway.intake import BodySlots, read_body_bounded
 from orchestrator.gateway.live import live_endpoint
 from orchestrator.gateway.openapi import (
     API_KEY_HEADER,
@@ -63,6 +64,7 @@ from orchestrator.gateway.openapi import (
     streamed,
 )
 from orchestrator.gateway.proxy import Proxy, ProxyResult
+from orchestrator.gateway.rank0_metrics import Rank0Metrics
 from orchestrator.gateway.routing import ModelRouter, model_of
 from orchestrator.gateway.scrape import rank0_metrics
 from orchestrator.gateway.view import ClusterView
@@ -95,6 +97,9 @@ class Gateway:
             assert proxy is not None, "the lifespan opens the proxy"
             return proxy
         return self.proxies[self.router.route(model_of(body)).model_id]
+    # Rank 0's /metrics, cached per instance (orchestrator/gateway/rank0_metrics.py)
+    rank0_caches: dict[str, Rank0Metrics] = field(default_factory=dict)
+    bodies: BodySlots = field(default_factory=BodySlots)  # orchestrator/gateway/intake.py
 
 
 def _gateway(state: State) -> Gateway:
@@ -235,7 +240,7 @@ def v1_router(api_key: bool) -> Router:
         route_handlers=[
             chat_completions, completions, messages, count_tokens, responses, models,
         ],
-        guards=[require_api_key],
+        guards=[require_api_key, read_body_bounded],
         security=[{BEARER: []}, {X_API_KEY: []}] if api_key else None,
         request_max_body_size=MAX_BODY_BYTES,
     )
@@ -307,12 +312,14 @@ async def status_endpoint(state: State) -> ClusterStatus:
 
 @get("/metrics", include_in_schema=False)
 async def metrics_endpoint(state: State) -> Response:
+    """The orchestrator's own families, then rank 0's (from a short cache), so the whole
+    cluster is one scrape target."""
     gateway = _gateway(state)
     if gateway.proxy is None and not gateway.proxies:
         return Response(gateway.metrics.render(), media_type=PROMETHEUS_TEXT)
     client = (gateway.proxy or next(iter(gateway.proxies.values()))).client
-    text = gateway.metrics.render() + await rank0_metrics(client, gateway.view, gateway.router)
-    return Response(text, media_type=PROMETHEUS_TEXT)
+    rank0 = await rank0_metrics(client, gateway.view, gateway.router, gateway.rank0_caches)
+    return Response(gateway.metrics.render() + rank0, media_type=PROMETHEUS_TEXT)
 
 
 def rank0_session() -> aiohttp.ClientSession:

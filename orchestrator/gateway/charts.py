@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -55,7 +56,8 @@ class ChartHistory:
     def __init__(self, interval_s: float = SAMPLE_S, window_s: float = WINDOW_S) -> None:
         self.interval_s, self.window_s = interval_s, window_s
         self.samples: deque[ChartSample] = deque(maxlen=round(window_s / interval_s))
-        self._watchers: set[asyncio.Queue[ChartSample]] = set()
+        # Weak: a stream that never started (its client left first) holds no place.
+        self._watchers: weakref.WeakSet[asyncio.Queue[ChartSample]] = weakref.WeakSet()
 
     def add(self, sample: ChartSample) -> None:
         self.samples.append(sample)
@@ -64,14 +66,22 @@ class ChartHistory:
                 queue.get_nowait()
             queue.put_nowait(sample)
 
-    @contextlib.contextmanager
-    def watch(self) -> Iterator[asyncio.Queue[ChartSample]]:
+    def new_watcher(self) -> asyncio.Queue[ChartSample]:
+        """A queue that gets each new sample from now on, until `forget`."""
         queue: asyncio.Queue[ChartSample] = asyncio.Queue(WATCHER_BACKLOG)
         self._watchers.add(queue)
+        return queue
+
+    def forget(self, queue: asyncio.Queue[ChartSample]) -> None:
+        self._watchers.discard(queue)
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[asyncio.Queue[ChartSample]]:
+        queue = self.new_watcher()
         try:
             yield queue
         finally:
-            self._watchers.discard(queue)
+            self.forget(queue)
 
     @property
     def watchers(self) -> int:

@@ -16,6 +16,7 @@ from litestar.datastructures import State
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from orchestrator.gateway.charts import ChartHistory, ChartSample
+from orchestrator.gateway.intake import MAX_WATCHERS, too_many_watchers
 from orchestrator.gateway.view import ClusterView
 
 DRAIN_CHECK_S = 0.5
@@ -31,13 +32,17 @@ class HistoryMessage(msgspec.Struct, kw_only=True):
 async def live_endpoint(state: State) -> ServerSentEvent:
     history: ChartHistory = state.charts
     view: ClusterView = state.gateway.view
-    return ServerSentEvent(live_events(history, view), headers={"Cache-Control": "no-store"})
+    if history.watchers >= MAX_WATCHERS:  # each holds a connection and a queue
+        raise too_many_watchers()
+    # Registered here, not when the stream starts: the next request counts this one.
+    events = live_events(history, view, history.new_watcher())
+    return ServerSentEvent(events, headers={"Cache-Control": "no-store"})
 
 
 async def live_events(
-    history: ChartHistory, view: ClusterView
+    history: ChartHistory, view: ClusterView, queue: asyncio.Queue[ChartSample]
 ) -> AsyncIterator[ServerSentEventMessage]:
-    with history.watch() as queue:
+    try:
         kept = HistoryMessage(interval_s=history.interval_s, window_s=history.window_s,
                               samples=list(history.samples))
         yield ServerSentEventMessage(event="history", data=msgspec.json.encode(kept).decode())
@@ -48,3 +53,5 @@ async def live_events(
             except TimeoutError:
                 continue
             yield ServerSentEventMessage(event="sample", data=msgspec.json.encode(sample).decode())
+    finally:
+        history.forget(queue)

@@ -38,6 +38,7 @@ from orchestrator.gateway.quarantine import (
 from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState
+from orchestrator.tls import pinned_for
 
 # Headers describing the body or the hop, which aiohttp recomputes.
 _HOP_HEADERS = {
@@ -241,7 +242,8 @@ class Proxy:
         if upstream.secret:
             forwarded[launch_secret.HEADER] = upstream.secret
         try:
-            response = await self.client.request(method, url, data=body, headers=forwarded)
+            response = await self.client.request(
+                method, url, data=body, headers=forwarded, ssl=pinned_for(upstream.tls_cert))
         except TRANSPORT_ERRORS as exc:
             # Not connected: rank 0 never saw it. Any other break: it was at rank 0.
             connected = not isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)

@@ -107,15 +107,20 @@ async def adopt_or_clear(spec: ClusterSpec, pool: NodePool) -> Gang | None:
     fingerprints = await pool.fingerprint_all()
     record = next((state.launch for state in states.values() if state.launch), None)
     why = mismatch(spec, states, fingerprints)
-    secret = ""
+    kept = None
     if not why and record is not None:
-        secret, why = _kept_secret(spec, record.launch_id)
+        kept, why = _kept_secret(spec, record.launch_id)
     if why or record is None:
         log.warning("not adopting the running gang: %s; ending it and launching afresh", why)
         await asyncio.gather(*(_stop_all(pool, name, spec) for name in states))
         return None
     plan = build_plan(spec, record.launch_id, fingerprints, record.placement)
-    plan.secret = secret  # rank 0 holds the launch's own: the gateway must send that one
+    assert kept is not None
+    # Rank 0 holds the launch's own secret and certificate: the gateway must send that
+    # secret and pin that certificate, not the ones build_plan just made.
+    plan.secret = kept.secret
+    if plan.tls_cert:
+        plan.tls_cert = kept.tls_cert
     gang = Gang(plan, pool, record)
     gang.adopt([info for state in states.values() for info in state.ranks])
     await asyncio.gather(*(pool.agent(name).adopt(record.launch_id) for name in states))
@@ -126,16 +131,21 @@ async def adopt_or_clear(spec: ClusterSpec, pool: NodePool) -> Gang | None:
     return gang
 
 
-def _kept_secret(spec: ClusterSpec, launch_id: str) -> tuple[str, str]:
-    """Rank 0's secret for the launch, as the head kept it; else why it cannot be had."""
+def _kept_secret(
+    spec: ClusterSpec, launch_id: str
+) -> tuple[launch_secret.LaunchSecret | None, str]:
+    """Rank 0's secret (and certificate) for the launch, as the head kept them; else why
+    they cannot be had."""
+    where = launch_secret.secret_path(spec.state_dir, spec.cluster.name)
     try:
         kept = launch_secret.load(spec.state_dir, spec.cluster.name, launch_id)
     except launch_secret.SecretFileError as exc:
-        return "", str(exc)
+        return None, str(exc)
     if kept is None:
-        where = launch_secret.secret_path(spec.state_dir, spec.cluster.name)
-        return "", f"this machine keeps no secret for launch {launch_id} ({where})"
-    return kept.secret, ""
+        return None, f"this machine keeps no secret for launch {launch_id} ({where})"
+    if spec.nodes[0].transport != "local" and not kept.tls_cert:
+        return None, f"no TLS certificate kept for launch {launch_id} ({where}): an older version"
+    return kept, ""
 
 
 async def _stop_all(pool: NodePool, name: str, spec: ClusterSpec) -> None:

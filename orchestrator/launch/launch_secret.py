@@ -23,6 +23,7 @@ class SecretFileError(Exception):
 class LaunchSecret(msgspec.Struct, kw_only=True):
     launch_id: str
     secret: str
+    tls_cert: str = ""  # rank 0's certificate when it serves TLS: pinned after adoption too
 
 
 def new_secret() -> str:

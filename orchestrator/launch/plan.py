@@ -28,6 +28,7 @@ from orchestrator.config import ClusterSpec, NodeSpec
 from orchestrator.config.jaccl_devices import device_matrix, wants_ring_flag
 from orchestrator.config.links import rank_addresses
 from orchestrator.launch.launch_secret import new_secret
+from orchestrator.tls import self_signed
 
 RUNS_DIR = "~/.cache/mlx-cluster-orchestrator/runs"
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
@@ -54,6 +55,9 @@ class LaunchPlan(msgspec.Struct, kw_only=True):
     # Rank 0's API requires it (contract/launch_secret.py); new for every plan, so a
     # restarted gang never accepts the previous one's.
     secret: str = ""
+    # Rank 0's TLS certificate (PEM), pinned by whoever calls it; "" when rank 0 runs on
+    # this machine and listens on loopback only (plain HTTP).
+    tls_cert: str = ""
 
 
 def new_launch_id() -> str:
@@ -70,6 +74,7 @@ def build_plan(
     """`fingerprints`: the nodes' latest, where taken (they tell which share a machine);
     `placement`: the split preflight decided (orchestrator/placement/)."""
     sharing = ranks_on_machine(fingerprints or {})
+    tls = spec.nodes[0].transport != "local"  # rank 0 is reached over the network
     settings = RankSettings(
         model=spec.model,
         serving=spec.serving,
@@ -78,8 +83,15 @@ def build_plan(
         pipeline_split=placement.pipeline_split if placement else None,
         api_secret_file=launch_secret.FILE,
         kv_budget_bytes=_kv_budgets(spec, placement),
+        api_tls_key_file=launch_secret.TLS_KEY_FILE if tls else None,
+        api_tls_cert_file=launch_secret.TLS_CERT_FILE if tls else None,
     )
     secret = new_secret()
+    rank0_files = {launch_secret.FILE: secret}
+    key_pem, cert_pem = self_signed("mlxco-rank0") if tls else (b"", b"")
+    if tls:
+        rank0_files[launch_secret.TLS_KEY_FILE] = key_pem.decode()
+        rank0_files[launch_secret.TLS_CERT_FILE] = cert_pem.decode()
     files = {rank_env.SETTINGS_FILE: encode_settings(settings).decode()}
     if spec.world_size == 1:
         pass
@@ -95,7 +107,7 @@ def build_plan(
             env=_env(spec, node, rank, launch_id, sharing.get(node.name)),
             cwd=node.workdir or f"{RUNS_DIR}/{spec.cluster.name}/{launch_id}/rank{rank}",
             # Only rank 0 serves the API: only it holds the secret.
-            files={**files, launch_secret.FILE: secret} if rank == 0 else files,
+            files={**files, **rank0_files} if rank == 0 else files,
         )
         for rank, node in enumerate(spec.nodes)
     ]
@@ -105,10 +117,11 @@ def build_plan(
         launch_id=launch_id,
         world_size=spec.world_size,
         api_url=f"http://{spec.api.host}:{spec.api.port}/v1",
-        rank0_url=spec.rank0_url,
+        rank0_url=spec.rank0_url.replace("http://", "https://", 1) if tls else spec.rank0_url,
         ranks=ranks,
         placement=placement,
         secret=secret,
+        tls_cert=cert_pem.decode(),
     )
 
 
@@ -162,10 +175,13 @@ def plan_as_json(plan: LaunchPlan) -> str:
 def _shown(plan: LaunchPlan) -> dict[str, Any]:
     data: dict[str, Any] = msgspec.to_builtins(plan)
     data["secret"] = "***"
+    if data["tls_cert"]:  # public, but pages long: the files below carry it
+        data["tls_cert"] = "(made for this launch)"
     if data.get("placement") is None:
         data.pop("placement", None)  # TOML has no null
     for rank in data["ranks"]:
         rank["env"] = {k: "***" if _SECRET_NAME.search(k) else v for k, v in rank["env"].items()}
-        if launch_secret.FILE in rank["files"]:
-            rank["files"][launch_secret.FILE] = "***"
+        for name in (launch_secret.FILE, launch_secret.TLS_KEY_FILE):
+            if name in rank["files"]:
+                rank["files"][name] = "***"
     return data

@@ -68,7 +68,8 @@ class SupervisorView:
         while True:
             gang = self.gang
             if self.state == GangState.READY and gang and gang.launch_id != not_launch:
-                return Upstream(gang.rank0_url, gang.launch_id, gang.plan.secret)
+                return Upstream(gang.rank0_url, gang.launch_id, gang.plan.secret,
+                                gang.plan.tls_cert)
             remaining = deadline - time.monotonic()
             ended = self.state in (GangState.FAILED, GangState.STOPPED) or self.draining
             if ended or remaining <= 0:

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from contract import metric_names
 from contract.metric_names import sample_name
+from orchestrator.tls import pinned
 
 POLL_S = 0.1  # a loopback or LAN GET: cheap, and it bounds how late ready is noticed
 
@@ -31,17 +32,28 @@ class ServingSample:
 
 
 class Rank0Probe:
-    """Rank 0's /health and /metrics over HTTP."""
+    """Rank 0's /health and /metrics over HTTP, or HTTPS pinned to `tls_cert` when given."""
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self.client = client
+        self._pinned: tuple[str, httpx.AsyncClient] | None = None  # the latest launch's
 
-    async def healthy(self, base_url: str, timeout_s: float) -> bool:
+    async def _client(self, tls_cert: str) -> httpx.AsyncClient:
+        if not tls_cert:
+            return self.client
+        if self._pinned is None or self._pinned[0] != tls_cert:
+            if self._pinned is not None:
+                await self._pinned[1].aclose()
+            self._pinned = (tls_cert, httpx.AsyncClient(verify=pinned(tls_cert)))
+        return self._pinned[1]
+
+    async def healthy(self, base_url: str, timeout_s: float, tls_cert: str = "") -> bool:
         """Poll rank 0's /health until it answers 200; False if the timeout passes first."""
         deadline = time.monotonic() + timeout_s
+        client = await self._client(tls_cert)
         while time.monotonic() < deadline:
             try:
-                response = await self.client.get(f"{base_url}/health", timeout=2.0)
+                response = await client.get(f"{base_url}/health", timeout=2.0)
                 if response.status_code == 200:
                     return True
             except httpx.HTTPError:
@@ -49,10 +61,11 @@ class Rank0Probe:
             await asyncio.sleep(POLL_S)
         return False
 
-    async def sample(self, base_url: str) -> ServingSample | None:
+    async def sample(self, base_url: str, tls_cert: str = "") -> ServingSample | None:
         """Rank 0's engine counters from its /metrics; None when it does not answer."""
         try:
-            response = await self.client.get(f"{base_url}/metrics", timeout=2.0)
+            client = await self._client(tls_cert)
+            response = await client.get(f"{base_url}/metrics", timeout=2.0)
         except httpx.HTTPError:
             return None
         if response.status_code != 200:

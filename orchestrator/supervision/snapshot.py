@@ -21,6 +21,7 @@ class Upstream:
     url: str
     launch_id: str
     secret: str = field(default="", repr=False)  # sent as contract.launch_secret.HEADER
+    tls_cert: str = field(default="", repr=False)  # pinned when set (url is https)
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,8 @@ class Supervisor:
     async def _until_healthy(self) -> RankFailure | None:
         assert self.view.gang is not None
         timeout = self.spec.supervisor.launch_timeout_s
-        if await self.probe.healthy(self.view.gang.rank0_url, timeout):
+        gang = self.view.gang
+        if await self.probe.healthy(gang.rank0_url, timeout, gang.plan.tls_cert):
             return None
         return RankFailure(Cause.INIT_TIMEOUT, self.view.gang.plan.ranks[0].node, 0,
                            f"rank 0 not healthy within {timeout:g} s", self._clock())
@@ -218,7 +219,7 @@ class Supervisor:
         while not self.fewer.back:  # then a planned switch back to every node
             await self._sleep(WATCH_S)
             self.policy.note_ready(self._ready_since)
-            sample = await self.probe.sample(gang.rank0_url)
+            sample = await self.probe.sample(gang.rank0_url, gang.plan.tls_cert)
             reason = watch.observe(sample, self._clock())
             if reason is not None:
                 return RankFailure(Cause.HANG, gang.plan.ranks[0].node, 0, reason, self._clock())

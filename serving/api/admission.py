@@ -45,8 +45,8 @@ async def admit_openai(
     """`prompt_of(req, tokenizer)` renders the checked request's prompt."""
     req = decode_body(await request.body(), kind)
     top = check_request(req, serving.model_ids, serving.settings.serving.max_tokens_limit)
-    _, model = ready(serving)
-    prompt = prompt_of(req, model.tokenizer)
+    engine, model = ready(serving)
+    prompt = await serving.prompts.run(engine, prompt_of, req, model.tokenizer)
     max_tokens = effective_max_tokens(requested_max_tokens(req), serving.settings)
     param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
     admitted = admit(

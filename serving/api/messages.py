@@ -201,9 +201,9 @@ class MessagesController(Controller):
         serving: ServingState = state.serving
         req = decode_body(await request.body(), MessagesRequest)
         thinking = check_request(req, serving.model_ids)
-        _, model = ready(serving)
+        engine, model = ready(serving)
         tools = tool_plan(req, model.tokenizer)
-        prompt = _prompt(req, thinking, serving, tools)
+        prompt = await serving.prompts.run(engine, _prompt, req, thinking, serving, tools)
         cap = max_tokens(req, len(prompt), model, serving.settings.serving.max_tokens_limit)
         params = sampling_params(req, model, cap, thinking.budget, prompt)
         admitted = admit(serving, prompt, params, req.stop_sequences or [])
@@ -224,9 +224,10 @@ class MessagesController(Controller):
         serving: ServingState = state.serving
         req = decode_body(await request.body(), CountTokensRequest)
         thinking = check_prompt_fields(req, serving.model_ids)
-        _, model = ready(serving)
+        engine, model = ready(serving)
         tools = tool_plan(req, model.tokenizer)
-        return TokenCount(len(_prompt(req, thinking, serving, tools)))
+        prompt = await serving.prompts.run(engine, _prompt, req, thinking, serving, tools)
+        return TokenCount(len(prompt))
 
 
 def _prompt(req: PromptFields, thinking: ThinkingPlan, serving: ServingState,

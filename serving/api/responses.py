@@ -116,11 +116,12 @@ class ResponsesController(Controller):
         serving: ServingState = state.serving
         req = decode_body(await request.body(), ResponsesRequest)
         check_request(req, serving.model_ids)
-        _, model = ready(serving)
+        engine, model = ready(serving)
         tools = tool_set(req.tools)
         plan = tool_plan(req, tools, model.tokenizer)
         messages = template_messages(req, serving.thinking_key)
-        prompt = render_prompt(model.tokenizer, messages, plan, template_kwargs(req))
+        prompt = await serving.prompts.run(
+            engine, render_prompt, model.tokenizer, messages, plan, template_kwargs(req))
         cap = max_tokens(req, len(prompt), model, serving.settings.serving.max_tokens_limit)
         admitted = admit(serving, prompt, sampling_params(req, model, cap), [], param="input")
         seal = partial(seal_reasoning, serving.thinking_key)

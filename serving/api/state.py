@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.settings import RankSettings
+from serving.api.prompt_work import PromptWork
 from serving.engine.engine import Engine
 from serving.metrics import ServingMetrics
 
@@ -36,6 +37,7 @@ class ServingState:
     # Signs thinking blocks (api/thinking_signature.py): the cluster's, from rank 0's files.
     thinking_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     lock: threading.Lock = field(default_factory=threading.Lock)
+    prompts: PromptWork = field(default_factory=PromptWork)  # tokenizing, off the loop
 
     @property
     def model_ids(self) -> frozenset[str]:

@@ -104,6 +104,15 @@ class Engine:
             self._metrics.requests_waiting.set(len(self._waiting))
         self._wake.set()
 
+    @property
+    def queue_limit(self) -> int:
+        return self._queue_limit
+
+    def queue_is_full(self) -> bool:
+        """Whether submit() would refuse now: checked before a prompt is tokenized."""
+        with self._lock:
+            return len(self._waiting) >= self._queue_limit
+
     def cancel(self, request_id: str) -> None:
         with self._lock:
             self._cancelled.add(request_id)

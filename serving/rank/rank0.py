@@ -20,8 +20,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from contract.exit_codes import RankExit
+from contract.http_limits import HeadDeadline, raise_file_limit, server_options
 from contract.launch_secret import LaunchSecretError, read_secret_file
 from contract.openai_errors import ENGINE_ERROR
 from contract.rank_env import FORCED_OUTPUT
@@ -52,6 +54,10 @@ def bind(host: str, port: int) -> socket.socket:
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
+
+
+class HttpProtocol(HeadDeadline, HttpToolsProtocol):
+    """uvicorn's C-parser protocol with a deadline and a cap on each request head."""
 
 
 class Rank0:
@@ -149,7 +155,10 @@ class Rank0:
             self.loop.add_signal_handler(signum, self.on_signal, signum)
         config = uvicorn.Config(
             create_app(self.state), log_level="warning", lifespan="on",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=5, http=HttpProtocol, **server_options(),
+            # Beyond loopback, TLS with the launch's own certificate (the gateway pins it).
+            ssl_keyfile=self.settings.api_tls_key_file,
+            ssl_certfile=self.settings.api_tls_cert_file,
         )
         self.server = uvicorn.Server(config)
         # Our handlers (above) decide how to stop, not uvicorn's.
@@ -174,6 +183,7 @@ def run_rank0(
     except LaunchSecretError as exc:
         log.error("%s", exc)
         return RankExit.CONFIG_ERROR
+    raise_file_limit()
     try:
         sock = bind(settings.api_host, settings.serving.rank_api_port)
     except OSError as exc:

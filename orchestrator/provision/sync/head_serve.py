@@ -18,7 +18,6 @@ machine's routes pick towards the node's SSH host. The manifest check at the nod
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
 import secrets
 import socket
@@ -28,13 +27,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from contract.file_range import check_request, read_line
 from orchestrator.config import ClusterSpec, NodeSpec
+from orchestrator.tls import self_signed
 
 CHUNK = 1 << 20
 REQUEST_TIMEOUT_S = 30.0
@@ -61,27 +56,8 @@ def head_address(spec: ClusterSpec, node: NodeSpec) -> str:
 
 
 def _certificate() -> tuple[bytes, bytes]:
-    """(key PEM, certificate PEM): a self-signed P-256 certificate for this sync only."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mlxco-sync")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=7))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+    """(key PEM, certificate PEM): a self-signed certificate for this sync only."""
+    return self_signed("mlxco-sync")
 
 
 def _server_context(key_pem: bytes, cert_pem: bytes) -> ssl.SSLContext:

@@ -105,7 +105,7 @@ def test_live_events_history_then_samples_until_the_drain() -> None:
     view = View()
 
     async def run() -> list[str]:
-        events = live_events(history, view)  # type: ignore[arg-type]
+        events = live_events(history, view, history.new_watcher())  # type: ignore[arg-type]
         first = await anext(events)
         history.add(ChartSample(t=4.0, state="ready", running=2))
         second = await anext(events)

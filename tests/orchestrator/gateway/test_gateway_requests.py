@@ -16,6 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract.http_limits import HEAD_TIMEOUT_S, raise_file_limit
 from testkit.orchestrator_process import (
     Orchestrator,
     run_cli,
@@ -23,6 +24,7 @@ from testkit.orchestrator_process import (
     wait_gone,
     write_cluster,
 )
+from testkit.raw_http import HALF_HEAD, closed_by_server, half_sent
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 # Tokens a leaving client asked for: no machine makes that many in the clients' 1.5 s
@@ -230,3 +232,62 @@ def test_metrics_content_type_names_its_charset_once(gateway: Gateway) -> None:
     """/metrics is Prometheus text with one charset parameter."""
     content_type = httpx.get(f"{gateway.url}/metrics", timeout=10).headers["content-type"]
     assert content_type.count("charset") == 1 and content_type.startswith("text/plain")
+
+
+def test_half_sent_requests_are_closed_while_both_servers_serve(gateway: Gateway) -> None:
+    """200 half-sent request heads held on the gateway and 200 on rank 0: the gateway's
+    /health and a chat request still answer, and both servers close all 400 within their
+    head deadline."""
+    raise_file_limit()
+    rank0 = gateway.rank0_url.removeprefix("http://").split(":")
+    held = half_sent(gateway.host, gateway.port, 200, HALF_HEAD)
+    held += half_sent(rank0[0], int(rank0[1]), 200, HALF_HEAD)
+    assert httpx.get(f"{gateway.url}/health", timeout=10).status_code == 200
+    body = {"model": gateway.model, "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2}
+    assert httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30).is_success
+    assert closed_by_server(held, HEAD_TIMEOUT_S + 3.0) == 400
+
+
+def test_a_metrics_flood_neither_restarts_the_gang_nor_stalls_rank_0(gateway: Gateway) -> None:
+    """/metrics scraped 100 times a second for 3 s: every scrape answers, the gang is not
+    restarted and rank 0's /health stays quick."""
+    restarts = gateway_restarts(gateway)
+    with httpx.Client(timeout=5) as client:
+        start, scrapes = time.monotonic(), 0
+        while (elapsed := time.monotonic() - start) < 3.0:
+            assert client.get(f"{gateway.url}/metrics").status_code == 200
+            scrapes += 1
+            time.sleep(max(0.0, scrapes / 100 - elapsed))
+        assert client.get(f"{gateway.rank0_url}/health").status_code == 200
+    assert gateway_restarts(gateway) == restarts
+    assert httpx.get(f"{gateway.url}/health", timeout=5).status_code == 200
+
+
+def gateway_restarts(gateway: Gateway) -> float:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == "orchestrator_restarts_total")
+
+
+def test_a_long_prompt_is_tokenized_off_rank_0s_event_loop(gateway: Gateway) -> None:
+    """count_tokens on a 500 KB prompt (a second or more of tokenizing): rank 0's /health
+    keeps answering within a fraction of that while it runs."""
+    text = "the quick brown fox jumps over the lazy dog. " * 11_000
+    body = {"model": gateway.model, "messages": [{"role": "user", "content": text}]}
+    answers: list[httpx.Response] = []
+    counting = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{gateway.url}/v1/messages/count_tokens", json=body, timeout=60)))
+    slowest, started = 0.0, time.monotonic()
+    counting.start()
+    with httpx.Client(timeout=10) as client:
+        while counting.is_alive():
+            asked = time.monotonic()
+            client.get(f"{gateway.rank0_url}/health")
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.01)
+    took = time.monotonic() - started
+    assert answers[0].status_code == 200, answers[0].text[:300]
+    assert answers[0].json()["input_tokens"] > 90_000
+    assert took > 0.8, f"tokenizing took only {took:.2f} s: too quick to tell"
+    assert slowest < 0.3, f"/health waited {slowest:.2f} s while a prompt was tokenized"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from testkit.netns import HostsFactory
+from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import (
     Orchestrator,
     kill_all,
@@ -20,6 +21,7 @@ from testkit.orchestrator_process import (
     wait_gone,
     write_cluster,
 )
+from testkit.wire import capture
 
 pytestmark = pytest.mark.e2e
 
@@ -134,8 +136,9 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
 
 def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: Path,
                                           leftovers: set[int]) -> None:
-    """2 SSH hosts: the agents outlive the SSH sessions of a SIGKILLed `up`; the next `up`
-    reaches them through node_agent.channel.bridge and adopts the gang; `down` then ends it all."""
+    """2 SSH hosts: the gateway reaches rank 0 over TLS (no prompt on the wire); the agents
+    outlive the SSH sessions of a SIGKILLed `up`; the next `up` reaches them through
+    node_agent.channel.bridge, adopts the gang and pins its certificate; `down` ends it all."""
     net = netns_hosts(2, "switch")
     config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(2)],
                            model={"id": "tiny"},
@@ -145,6 +148,7 @@ def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: P
     second: Orchestrator | None = None
     try:
         first.wait_ready(url)
+        assert_hop_encrypted(net, config, url)
         before = _pids(config)
         first.process.kill()
         first.wait_exit()
@@ -162,3 +166,22 @@ def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: P
             second.stop()
         first.stop()
     assert net.only_sshd_left()
+
+
+def assert_hop_encrypted(net: MultiHost, config: Path, url: str) -> None:
+    """A prompt sent through the gateway crosses h0's link without its text in the bytes;
+    the same text sent in the clear to rank 0's port is seen (the capture works)."""
+    import tomllib
+
+    port = tomllib.loads(config.read_text())["serving"]["rank_api_port"]
+    marker = "quokka-marmalade-4242"
+    body = {**BODY, "prompt": f"Say {marker}", "max_tokens": 2}
+    with capture(f"{net.prefix}m0") as wire:
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    assert len(wire.data) > 1000  # the request and its answer crossed this link
+    assert marker.encode() not in wire.data
+    with (capture(f"{net.prefix}m0") as control,
+          socket.create_connection((net.hosts[0].mgmt_ip, port), timeout=5) as clear):
+        clear.sendall(f"POST / HTTP/1.1\r\nX: {marker}\r\n\r\n".encode())
+        time.sleep(0.2)
+    assert marker.encode() in control.data

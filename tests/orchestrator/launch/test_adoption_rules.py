@@ -128,7 +128,8 @@ def test_adoption_needs_the_kept_secret_owner_only_and_for_that_launch(tmp_path:
     assert _kept_secret(spec, "L1")[1].startswith("this machine keeps no secret for launch L1")
     launch_secret.save(spec.state_dir, spec.cluster.name,
                        launch_secret.LaunchSecret(launch_id="L1", secret="s1"))
-    assert _kept_secret(spec, "L1") == ("s1", "")
+    kept, why = _kept_secret(spec, "L1")
+    assert kept is not None and kept.secret == "s1" and why == ""
     launch_secret.secret_path(spec.state_dir, spec.cluster.name).chmod(0o644)
-    secret, why = _kept_secret(spec, "L1")
-    assert secret == "" and "is readable by others (mode 644)" in why, why
+    kept, why = _kept_secret(spec, "L1")
+    assert kept is None and "is readable by others (mode 644)" in why, why

@@ -75,3 +75,31 @@ def test_a_kept_secret_others_could_read_is_refused(tmp_path: Path) -> None:
     path.write_text("not json")
     with pytest.raises(launch_secret.SecretFileError, match="cannot read"):
         launch_secret.load(tmp_path, "c")
+
+
+def test_rank_0_beyond_loopback_serves_tls_with_a_certificate_of_its_launch(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 on an SSH node: an https URL, its key and certificate in rank 0's files only
+    (the key masked in plan output), its settings naming them; a local rank 0 stays on
+    loopback HTTP with no certificate."""
+    nodes = [{"name": "a", "transport": "ssh", "ssh": "u@10.0.0.5", "ip": "10.0.0.5",
+              "python": "/usr/bin/python3"},
+             {"name": "b", "ip": "127.0.0.1"}]
+    spec = load_cluster(write_cluster(tmp_path, "bundled:smollm2-135m-instruct", nodes))
+    plan, next_plan = build_plan(spec, "L1"), build_plan(spec, "L2")
+    rank0, worker = plan.ranks
+    assert plan.rank0_url.startswith("https://10.0.0.5:")
+    assert rank0.files[contract_secret.TLS_CERT_FILE] == plan.tls_cert
+    assert "PRIVATE KEY" in rank0.files[contract_secret.TLS_KEY_FILE]
+    assert contract_secret.TLS_KEY_FILE not in worker.files
+    assert next_plan.tls_cert != plan.tls_cert
+    settings = msgspec.json.decode(rank0.files["settings.json"], type=RankSettings)
+    assert (settings.api_tls_key_file, settings.api_tls_cert_file) == (
+        contract_secret.TLS_KEY_FILE, contract_secret.TLS_CERT_FILE)
+    shown = tomllib.loads(plan_as_toml(plan))
+    assert shown["ranks"][0]["files"][contract_secret.TLS_KEY_FILE] == "***"
+    (tmp_path / "l").mkdir()
+    local = build_plan(load_cluster(write_cluster(tmp_path / "l", "bundled:smollm2-135m-instruct",
+                                                  LOCAL3)), "L1")
+    assert local.rank0_url.startswith("http://127.0.0.1:") and local.tls_cert == ""

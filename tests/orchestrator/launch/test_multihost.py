@@ -16,6 +16,7 @@ import pytest
 import tomli_w
 
 from orchestrator.launch import launch_secret
+from orchestrator.tls import pinned
 from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import (
     Orchestrator,
@@ -81,8 +82,9 @@ def blas_line(output: str, node: str) -> str:
 # Sent from another host straight to rank 0, around the gateway: prints each answer's
 # status and error code as JSON (stdlib only: no import time to wait for).
 STRANGER = """
-import json, sys, urllib.request, urllib.error
+import json, ssl, sys, urllib.request, urllib.error
 base, name, secret = sys.argv[1:4]
+tls = ssl._create_unverified_context()  # a stranger without the certificate: TLS, unpinned
 chat = json.dumps({"model": "smollm2-135m-instruct", "max_tokens": 8,
                    "messages": [{"role": "user", "content": "Hi"}]}).encode()
 answers = []
@@ -95,7 +97,7 @@ for header in (None, "wrong-" + secret[6:], secret):
         if header is not None:
             request.add_header(name, header)
         try:
-            with urllib.request.urlopen(request, timeout=20) as reply:
+            with urllib.request.urlopen(request, timeout=20, context=tls) as reply:
                 answers.append([path, reply.status, None])
         except urllib.error.HTTPError as exc:
             answers.append([path, exc.code, json.loads(exc.read())["error"]["code"]])
@@ -103,11 +105,12 @@ print(json.dumps(answers))
 """
 
 
-def generated(rank0: str) -> tuple[float, ...]:
-    """Rank 0's own counters of work done (its /metrics is open, as the gateway's)."""
+def generated(rank0: str, tls_cert: str) -> tuple[float, ...]:
+    """Rank 0's own counters of work done (its /metrics is open, as the gateway's; over
+    TLS pinned to the launch's certificate)."""
     names = ("serving_prompt_tokens_total", "serving_generation_tokens_total",
              "serving_requests_finished_total")
-    return tuple(metric_value(rank0, name) for name in names)
+    return tuple(metric_value(rank0, name, verify=pinned(tls_cert)) for name in names)
 
 
 def rank0_refuses_another_host(net: MultiHost, config: Path, orchestrator: Orchestrator) -> None:
@@ -115,8 +118,11 @@ def rank0_refuses_another_host(net: MultiHost, config: Path, orchestrator: Orche
     one is a 401 and generates nothing; the gateway's requests still succeed. The secret
     reached rank 0 as an owner-only file, and no log line carries it."""
     port = tomllib.loads(config.read_text())["serving"]["rank_api_port"]
-    rank0 = f"http://{net.hosts[0].mgmt_ip}:{port}"
-    before = generated(rank0)
+    rank0 = f"https://{net.hosts[0].mgmt_ip}:{port}"  # TLS beyond loopback
+    record = launch_secret.load(Path(tomllib.loads(config.read_text())["cluster"]["state_dir"]),
+                                "test")
+    assert record is not None and record.tls_cert
+    before = generated(rank0, record.tls_cert)
     assert before[0] > 0  # the gateway's requests counted: the counters are real
     ((name, secret),) = rank0_headers(config).items()
     run = net.hosts[1].run([sys.executable, "-c", STRANGER, rank0, name, secret])
@@ -127,7 +133,7 @@ def rank0_refuses_another_host(net: MultiHost, config: Path, orchestrator: Orche
         ["/v1/models", *refused], ["/v1/chat/completions", *refused],
         ["/v1/models", 200, None],
     ]
-    assert generated(rank0) == before
+    assert generated(rank0, record.tls_cert) == before
     # The gateway still gets through (its completions above did, with this same secret);
     # /v1/models: a completion costs here ~25 s of a loaded machine and proves no more.
     assert httpx.get(f"{api_url(config)}/v1/models", timeout=30).status_code == 200

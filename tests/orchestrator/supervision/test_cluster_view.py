@@ -20,7 +20,7 @@ def view(name: str) -> SupervisorView:
     machine.to(GangState.PREFLIGHT)
     machine.to(GangState.LAUNCHING)
     shown = SupervisorView(machine, clock)
-    plan = SimpleNamespace(secret=f"secret-{name}")
+    plan = SimpleNamespace(secret=f"secret-{name}", tls_cert="")
     shown.gang = SimpleNamespace(  # type: ignore[assignment]
         rank0_url=f"http://{name}:8000", launch_id=f"launch-{name}", plan=plan, ranks={}
     )
