@@ -20,6 +20,7 @@ from mlx_lm.generate_utils import BatchStats
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from serving.engine.grammar import GrammarCompiler
+from serving.engine.kv_quant import fresh_cache
 from serving.engine.sampling import make_request_processors, make_request_sampler
 from serving.engine.step_plan import Insert
 
@@ -53,7 +54,12 @@ class MirroredBatch:
         prompt_cache_size: int = 0,
         prompt_cache_bytes: int = 1 << 62,
         grammars: GrammarCompiler | None = None,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
     ) -> None:
+        self.model = model
+        # [serving] kv_bits: new sequences start from quantized caches (serving/engine/kv_quant.py)
+        self.kv_quant = (kv_bits, kv_group_size) if kv_bits else None
         self.vocab_size = vocab_size
         self.grammars = grammars  # structured outputs' masks (None: grammars are ignored)
         self.max_prefill_chunk = prefill_step_size
@@ -94,13 +100,14 @@ class MirroredBatch:
         if not inserts:
             return []
         reuse = [self._reuse(ins.prompt) for ins in inserts]
-        caches: list[Any] = [cache for cache, _, _ in reuse]  # None = a fresh cache
+        caches: list[Any] = [cache or self._fresh_cache() for cache, _, _ in reuse]
         uids: list[int] = self.generator.insert(
             [rest for _, rest, _ in reuse],
             max_tokens=[ins.params.max_tokens for ins in inserts],
             caches=caches,
             all_tokens=[done for _, _, done in reuse],
-            samplers=[make_request_sampler(ins.params, self.vocab_size) for ins in inserts],
+            samplers=[make_request_sampler(ins.params, self.vocab_size, self.eos_token_id)
+                      for ins in inserts],
             logits_processors=[
                 make_request_processors(ins.params, self.eos_token_id, self.grammars)
                 for ins in inserts
@@ -108,6 +115,12 @@ class MirroredBatch:
         )
         self.active.update(zip(uids, (len(done) for _, _, done in reuse), strict=True))
         return uids
+
+    def _fresh_cache(self) -> list[Any] | None:
+        """A new sequence's cache: None lets the generator make mlx-lm's own."""
+        if self.kv_quant is None:
+            return None
+        return fresh_cache(self.model, *self.kv_quant)
 
     def _reuse(self, prompt: list[int]) -> tuple[list[Any] | None, list[int], list[int]]:
         """(KV cache or None, tokens still to prefill, tokens the cache already holds)."""
