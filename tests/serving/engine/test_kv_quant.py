@@ -107,16 +107,21 @@ def test_quantized_perplexity_and_logprobs_close_to_unquantized(
 
 
 def test_prefix_cache_hit_with_quantized_entries(
-    served: tuple[RankCluster, tuple[int, int]], passage: tuple[str, str]
+    served: tuple[RankCluster, tuple[int, int]], passage: tuple[str, str],
+    mlx_lm_model: tuple[Any, Any],
 ) -> None:
-    """A prompt whose prefix was cached (quantized) reuses it and scores the text alike."""
-    cluster, _ = served
+    """A prompt whose prefix was cached (quantized) reuses it, and both the run that
+    stored it and the one served from it score the text as mlx-lm's quantized cache."""
+    cluster, quantized = served
     if len(cluster.procs) != 1:
         pytest.skip("one layout is enough: the entries are the same class at every rank")
     prompt = passage[0] * 3  # longer than a prefill chunk
+    same = reference_nll(mlx_lm_model, (prompt, passage[1]), quantized)
     first = _forced(cluster, prompt)
     hits: Any = metric_value(cluster.base_url, "serving_prefix_cache_hit_tokens_total")
     again = _forced(cluster, prompt)
     reused = metric_value(cluster.base_url, "serving_prefix_cache_hit_tokens_total") - hits
     assert reused >= len(prompt) // 8
-    assert max(abs(a - b) for a, b in zip(first, again, strict=True)) < 1e-3
+    for name, run in (("first", first), ("again", again)):
+        worst = max(abs(a - b) for a, b in zip(run, same, strict=True))
+        assert worst <= SAME_TOL, f"{name}: off by {worst:.3f} ({run[:4]} vs {same[:4]})"
