@@ -99,11 +99,14 @@ def main() -> None:
     work = REPO / "bench" / "results" / f"kv-quality-work-{int(time.time())}"
     rows = [measure(model_dir, ranks, bits, group, text, args, work)
             for ranks in args.ranks for bits, group in CONFIGS]
-    for row in rows:
-        base = next(r for r in rows if r["ranks"] == row["ranks"] and r["kv_bits"] is None)
+    greedy = [row.pop("greedy") for row in rows]
+    for row, tokens in zip(rows, greedy, strict=True):
+        i = next(i for i, r in enumerate(rows)
+                 if r["ranks"] == row["ranks"] and r["kv_bits"] is None)
+        base = rows[i]
         row["perplexity_delta"] = row["perplexity"] / base["perplexity"] - 1
         row["target"] = TARGETS.get(row["kv_bits"] or 0)
-        row["greedy_agreement"] = agreement(row.pop("greedy"), base["greedy"])
+        row["greedy_agreement"] = agreement(tokens, greedy[i])
         print(f"{row['ranks']} rank(s) kv_bits {row['kv_bits'] or '-':>2} group "
               f"{row['kv_group_size']}: perplexity "
               f"{row['perplexity']:.4f} ({row['perplexity_delta']:+.2%}, target "

@@ -111,17 +111,19 @@ def test_prefix_cache_hit_with_quantized_entries(
     mlx_lm_model: tuple[Any, Any],
 ) -> None:
     """A prompt whose prefix was cached (quantized) reuses it, and both the run that
-    stored it and the one served from it score the text as mlx-lm's quantized cache."""
+    stored it and the one served from it score the text within the quality bound. (Not
+    equal to mlx-lm's single-stream numbers: a prompt read over a reused prefix attends
+    to that history quantized, where mlx-lm reads the whole prompt exactly.)"""
     cluster, quantized = served
     if len(cluster.procs) != 1:
         pytest.skip("one layout is enough: the entries are the same class at every rank")
     prompt = passage[0] * 3  # longer than a prefill chunk
-    same = reference_nll(mlx_lm_model, (prompt, passage[1]), quantized)
+    plain = sum(reference_nll(mlx_lm_model, (prompt, passage[1]), None))
     first = _forced(cluster, prompt)
     hits: Any = metric_value(cluster.base_url, "serving_prefix_cache_hit_tokens_total")
     again = _forced(cluster, prompt)
     reused = metric_value(cluster.base_url, "serving_prefix_cache_hit_tokens_total") - hits
     assert reused >= len(prompt) // 8
     for name, run in (("first", first), ("again", again)):
-        worst = max(abs(a - b) for a, b in zip(run, same, strict=True))
-        assert worst <= SAME_TOL, f"{name}: off by {worst:.3f} ({run[:4]} vs {same[:4]})"
+        ratio = math.exp((sum(run) - plain) / len(run))
+        assert ratio <= BOUND[quantized], f"{name}: perplexity x{ratio:.4f}"
