@@ -107,6 +107,11 @@ class ServingSettings(Section):
     # admits a request only when its prompt plus max_tokens fit. None: what preflight
     # leaves after the weights and the reserve, the smallest rank deciding.
     kv_cache_gb: Annotated[float, Meta(gt=0)] | None = None
+    # Quantize the KV cache of full-attention layers to this many bits (about 0.53x / 0.28x
+    # of 16-bit at 8 / 4 bits with groups of 64); None: unquantized. kv_group_size values
+    # share one scale and bias; it must divide the model's head size (checked at start-up).
+    kv_bits: Literal[4, 8] | None = None
+    kv_group_size: Literal[32, 64, 128] = 64
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
     # Speculative decoding while one request runs alone: "prompt_lookup" drafts from the

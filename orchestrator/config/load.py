@@ -26,15 +26,7 @@ from orchestrator.config.spec import ClusterSpec
 MAX_FILE_BYTES = 1 << 20
 
 # Keys people expect from mlx-lm that cannot work here: why, instead of "unknown key".
-UNSUPPORTED_KEYS = {
-    "serving.kv_bits": (
-        "not supported: mlx-lm 0.32's BatchGenerator, which serves every request here, has "
-        "no kv_bits and its BatchKVCache cannot be quantized (no to_quantized; "
-        "BatchRotatingKVCache's raises NotImplementedError); docs/serving.md",
-        "remove kv_bits; to fit more context use more nodes or pipeline mode "
-        "([cluster] parallel), or lower [model] context_length",
-    ),
-}
+UNSUPPORTED_KEYS: dict[str, tuple[str, str]] = {}
 
 
 def check_cluster_file(file: Path) -> tuple[ClusterSpec, list[ConfigIssue]]:

@@ -22,7 +22,8 @@ def fill_kv(
     """Set each share's KV budget and full-context sequences; why it cannot run, or None."""
     placement.context = context
     layouts = rank_layouts(config, len(placement.ranks), placement.pipeline_split,
-                           kv_bits=None, kv_group_size=64)
+                           kv_bits=spec.serving.kv_bits,
+                           kv_group_size=spec.serving.kv_group_size)
     configured = spec.serving.kv_cache_gb
     short = []
     for share, layout in zip(placement.ranks, layouts, strict=True):

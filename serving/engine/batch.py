@@ -21,6 +21,7 @@ from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prom
 
 from serving.engine.grammar import GrammarCompiler
 from serving.engine.kv_budget import KvBudget
+from serving.engine.kv_quant import fresh_cache
 from serving.engine.sampling import make_request_processors, make_request_sampler
 from serving.engine.step_plan import Insert
 
@@ -56,7 +57,12 @@ class MirroredBatch:
         grammars: GrammarCompiler | None = None,
         kv: KvBudget | None = None,
         rank: int = 0,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
     ) -> None:
+        self.model = model
+        # [serving] kv_bits: new sequences start from quantized caches (serving/engine/kv_quant.py)
+        self.kv_quant = (kv_bits, kv_group_size) if kv_bits else None
         self.vocab_size = vocab_size
         self.grammars = grammars  # structured outputs' masks (None: grammars are ignored)
         self.max_prefill_chunk = prefill_step_size
@@ -104,13 +110,14 @@ class MirroredBatch:
             self._bound_prefix_cache()
             return []
         reuse = [self._reuse(ins.prompt) for ins in inserts]
-        caches: list[Any] = [cache for cache, _, _ in reuse]  # None = a fresh cache
+        caches: list[Any] = [cache or self._fresh_cache() for cache, _, _ in reuse]
         uids: list[int] = self.generator.insert(
             [rest for _, rest, _ in reuse],
             max_tokens=[ins.params.max_tokens for ins in inserts],
             caches=caches,
             all_tokens=[done for _, _, done in reuse],
-            samplers=[make_request_sampler(ins.params, self.vocab_size) for ins in inserts],
+            samplers=[make_request_sampler(ins.params, self.vocab_size, self.eos_token_id)
+                      for ins in inserts],
             logits_processors=[
                 make_request_processors(ins.params, self.eos_token_id, self.grammars)
                 for ins in inserts
@@ -129,6 +136,12 @@ class MirroredBatch:
         room = self.kv.prefix_room(self.rank, self.needs.values())
         self.prompt_cache.max_bytes = min(self._prefix_bound, room)
         self.prompt_cache.trim_to(n_bytes=self.prompt_cache.max_bytes)
+
+    def _fresh_cache(self) -> list[Any] | None:
+        """A new sequence's cache: None lets the generator make mlx-lm's own."""
+        if self.kv_quant is None:
+            return None
+        return fresh_cache(self.model, *self.kv_quant)
 
     def _reuse(self, prompt: list[int]) -> tuple[list[Any] | None, list[int], list[int]]:
         """(KV cache or None, tokens still to prefill, tokens the cache already holds)."""

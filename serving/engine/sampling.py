@@ -28,8 +28,15 @@ Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
-def make_request_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
-    """The sampler for one request: greedy at temperature 0, else seeded categorical."""
+def make_request_sampler(
+    params: SamplingParams, vocab_size: int, eos_token_id: int = 0
+) -> Sampler:
+    """The sampler for one request: greedy at temperature 0, else seeded categorical;
+    a forced output (test aid) without a reasoning budget picks its tokens here, so the
+    logprobs reported stay the model's own (a teacher-forced perplexity reads them:
+    bench/kv_quality.py)."""
+    if params.forced and params.reasoning_budget < 0:
+        return ForcingSampler([*params.forced, eos_token_id])
     if params.temperature == 0:
         return greedy_sampler  # shared object: the batch samples in one call
     return SeededSampler(params, vocab_size)
@@ -82,7 +89,7 @@ def make_request_processors(
     )
     if params.grammar and grammars is not None:
         processors.append(grammars.processor(params.grammar))
-    if params.forced:
+    if params.forced and params.reasoning_budget >= 0:  # else ForcingSampler forces
         processors.append(_forcing([*params.forced, eos_token_id]))
     if params.reasoning_budget >= 0 and params.think_end:  # after forcing: a ceiling wins
         processors.append(reasoning_budget(params.reasoning_budget, params.think_start,
@@ -90,8 +97,22 @@ def make_request_processors(
     return processors
 
 
+class ForcingSampler:
+    """Test aid: emit `tokens` in order whatever the model says (serving/faults.py)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self._tokens = tokens
+        self._emitted = 0
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        token = self._tokens[min(self._emitted, len(self._tokens) - 1)]
+        self._emitted += 1
+        return mx.full((logprobs.shape[0],), token, dtype=mx.uint32)
+
+
 def _forcing(tokens: list[int]) -> LogitsProcessor:
-    """Test aid: emit `tokens` in order whatever the model says (see serving/faults.py)."""
+    """Test aid: the forcing as a processor, where a reasoning budget's processor comes
+    after it and may override it."""
     emitted = 0
 
     def force(_context: mx.array, logits: mx.array) -> mx.array:

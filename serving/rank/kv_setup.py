@@ -38,7 +38,8 @@ def build_kv_budget(
     """This launch's KvBudget (a collective when no budget was given: all ranks call it)."""
     config = config_info(json.loads((loaded.path / "config.json").read_text(encoding="utf-8")))
     layouts = rank_layouts(
-        config, group.size(), settings.pipeline_split, kv_bits=None, kv_group_size=64,
+        config, group.size(), settings.pipeline_split, kv_bits=settings.serving.kv_bits,
+        kv_group_size=settings.serving.kv_group_size,
         element_bytes=activation_bytes(loaded.model))
     kv = KvBudget(config, layouts, _budgets(settings, group))
     rank = group.rank()

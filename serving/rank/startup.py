@@ -15,6 +15,8 @@ from contract.settings import RankSettings
 from serving.distributed import DistributedEnv, barrier, init_group, is_peer_lost
 from serving.engine.batch import MirroredBatch
 from serving.engine.grammar import GrammarCompiler
+from serving.engine.kv_quant import KVQuantUnsupported
+from serving.engine.kv_quant import check_model as check_kv_quant
 from serving.engine.speculative import SpeculationUnsupported, check_model
 from serving.faults import FaultPlan
 from serving.machine import ranks_on_machine
@@ -64,6 +66,9 @@ def make_batch(
     if serving.speculative != "off":
         check_model(loaded.model)  # this rank's layers: every rank refuses alike
     weights = mx.get_active_memory()
+    if serving.kv_bits is not None:
+        log.info("KV cache quantized to %d bits (group %d): %s", serving.kv_bits,
+                 serving.kv_group_size, check_kv_quant(loaded.model, serving.kv_group_size))
     batch = MirroredBatch(
         loaded.model,
         set(loaded.tokenizer.eos_token_ids),
@@ -77,6 +82,8 @@ def make_batch(
             loaded.tokenizer._tokenizer, loaded.vocab_size, list(loaded.tokenizer.eos_token_ids)),
         kv=build_kv_budget(settings, loaded, group),
         rank=group.rank(),
+        kv_bits=serving.kv_bits,
+        kv_group_size=serving.kv_group_size,
     )
     assert batch.kv is not None
     limit_memory(settings, batch.kv, group.rank(), weights)
@@ -136,7 +143,7 @@ def exit_for(exc: BaseException) -> RankExit:
     if isinstance(exc, DistributedInitError):
         log.error("%s", exc)
         return RankExit.DISTRIBUTED_INIT_FAILED
-    if isinstance(exc, SpeculationUnsupported):
+    if isinstance(exc, SpeculationUnsupported | KVQuantUnsupported):
         log.error("%s", exc)
         return RankExit.CONFIG_ERROR
     if isinstance(exc, ModelLoadError):

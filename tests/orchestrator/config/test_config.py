@@ -98,11 +98,12 @@ BROKEN = [
     ("no nodes", "[cluster]\nname = 'x'\n", "nodes", "missing required key"),
     ("unknown top-level key", LOCAL_NODE + "[sevring]\n", "sevring", "unknown key"),
     ("unknown node key", LOCAL_NODE + "adress = '1.2.3.4'\n", "nodes[0].adress", "unknown key"),
+    ("kv_bits not 4 or 8", LOCAL_NODE + "[serving]\nkv_bits = 3\n", "serving.kv_bits", "3"),
     (
-        "kv_bits: mlx-lm's batch generator has none",
-        LOCAL_NODE + "[serving]\nkv_bits = 8\n",
-        "serving.kv_bits",
-        "not supported: mlx-lm 0.32's BatchGenerator",
+        "kv_group_size mlx cannot quantize by",
+        LOCAL_NODE + "[serving]\nkv_group_size = 48\n",
+        "serving.kv_group_size",
+        "48",
     ),
     ("bad backend", LOCAL_NODE + "[cluster]\nbackend = 'mpi'\n", "cluster.backend", "'mpi'"),
     (
@@ -488,21 +489,8 @@ def test_hub_model_validates_and_is_served_by_its_name(tmp_path: Path) -> None:
     assert spec.model.store == "~/m" and not warnings
 
 
-def test_kv_bits_refusal_still_true_of_the_installed_mlx_lm() -> None:
-    """The kv_bits refusal's reason holds: revisit [serving] kv_bits when mlx-lm adds it.
-    (Read from the installed source: importing mlx_lm.generate takes seconds.)"""
-    import ast
-    import importlib.util
-
-    found = importlib.util.find_spec("mlx_lm")  # a top-level spec: mlx_lm is not imported
-    assert found is not None and found.origin is not None
-
-    def methods(module: str, cls: str) -> dict[str, ast.FunctionDef]:
-        source = Path(found.origin).parent / module  # type: ignore[arg-type]
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-        node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-        return {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
-
-    init = methods("generate.py", "BatchGenerator")["__init__"]
-    assert "kv_bits" not in [a.arg for a in init.args.args + init.args.kwonlyargs]
-    assert "to_quantized" not in methods("models/cache.py", "BatchKVCache")
+def test_kv_bits_accepted(tmp_path: Path) -> None:
+    """[serving] kv_bits and kv_group_size reach the spec (the quantized KV cache)."""
+    text = LOCAL_NODE + "[serving]\nkv_bits = 4\nkv_group_size = 32\n"
+    spec = load_cluster(write(tmp_path, text))
+    assert (spec.serving.kv_bits, spec.serving.kv_group_size) == (4, 32)

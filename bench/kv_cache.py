@@ -1,0 +1,160 @@
+"""Benchmark: the quantized KV cache's speed and memory ([serving] kv_bits 4 and 8 vs none).
+
+Per rank count (2: a pipeline, SmolLM2's 3 KV heads do not split in 2) and kv_bits, on a
+fresh cluster of the bundled model, through rank 0's API, in this order:
+
+1. memory: 8 concurrent streamed chats of ~1,500-token prompts (distinct slices of the
+   GPL-3 text: no prefix shared) and 16 tokens each; each rank's peak resident memory
+   (VmHWM) after it loaded and after the load, and the difference (mostly KV);
+2. short context: decode tokens/s of one 64-token answer to a short prompt;
+3. long context: one ~8,000-token prompt: prefill tokens/s (prompt tokens / time to first
+   token) and decode tokens/s at that context.
+
+Target (issue 41): decode at 8,000 tokens of context >= 0.9x unquantized. Also printed:
+the KV bytes per token by configuration and how many full-context (8,192-token)
+sequences fit in 1 GB of KV. Figures to bench/results/kv-cache-<timestamp>.json.
+
+    /work/coord/bin/heavy .venv/bin/python bench/kv_cache.py [--ranks 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from contract.blas import find_openblas  # noqa: E402
+from contract.settings import ModelSettings, RankSettings  # noqa: E402
+from orchestrator.loadgen.streams import StreamTimes, chat_body, concurrent_streams  # noqa: E402
+from serving.model.loading import resolve  # noqa: E402
+from testkit.rank_cluster import RankCluster, rank_cluster  # noqa: E402
+
+GPL = Path("/usr/share/common-licenses/GPL-3")
+BITS = (None, 8, 4)
+CONTEXT = 8192  # SmolLM2's
+
+
+def peak_rss(cluster: RankCluster) -> list[int]:
+    """Each rank's peak resident set size (VmHWM) so far, in bytes."""
+    peaks = []
+    for proc in cluster.procs:
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("VmHWM:"))
+        peaks.append(int(line.split()[1]) * 1024)
+    return peaks
+
+
+def decode_tps(times: StreamTimes) -> float:
+    if times.error or len(times.arrivals) < 2:
+        raise RuntimeError(times.error or "too few tokens")
+    return (len(times.arrivals) - 1) / (times.arrivals[-1] - times.arrivals[0])
+
+
+def slices(text: str, tokenizer: Any, count: int, tokens: int) -> list[str]:
+    """`count` distinct passages of about `tokens` tokens each (wrapping around)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stride = max(1, (len(ids) - tokens) // max(count - 1, 1))
+    out = []
+    for i in range(count):
+        start = (i * stride) % max(len(ids) - tokens, 1)
+        out.append(tokenizer.decode(ids[start : start + tokens]))
+    return out
+
+
+def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, Any],
+            work: Path) -> dict[str, Any]:
+    serving: dict[str, Any] = {"max_batch_size": 8, "prompt_cache_size": 0,
+                               "max_tokens_limit": 8192}
+    if bits:
+        serving["kv_bits"] = bits
+    split = [15, 15] if ranks == 2 else None
+    row: dict[str, Any] = {"ranks": ranks, "kv_bits": bits}
+    with rank_cluster(work / f"{ranks}r-{bits or 16}", model_dir, ranks, served_model_id="m",
+                      pipeline_split=split, **serving) as cluster:
+        url = cluster.base_url
+        loaded = peak_rss(cluster)
+        bodies = [chat_body("m", p + "\nSummarize this.", 16) for p in prompts["eight"]]
+        streams, wall = concurrent_streams(url, bodies)
+        if any(s.error for s in streams):
+            raise RuntimeError([s.error for s in streams if s.error])
+        after = peak_rss(cluster)
+        row.update(peak_rss_loaded=loaded, peak_rss_under_load=after,
+                   peak_rss_growth=[b - a for a, b in zip(loaded, after, strict=True)],
+                   eight_prompts_wall_s=round(wall, 2))
+        with httpx.Client(timeout=3600) as client:
+            short = [concurrent_streams(url, [chat_body("m", prompts["short"], 64)],
+                                        client=client)[0][0] for _ in range(2)]
+            row["decode_tps_short"] = statistics.median(decode_tps(s) for s in short)
+            long_body = chat_body("m", prompts["long"], 48, usage=True)
+            (long,), _ = concurrent_streams(url, [long_body], client=client)
+        if long.error or long.ttft_s is None:
+            raise RuntimeError(long.error)
+        row.update(long_prompt_tokens=long.prompt_tokens,
+                   prefill_tps=(long.prompt_tokens or 0) / long.ttft_s,
+                   decode_tps_long=decode_tps(long))
+    return row
+
+
+def kv_bytes_per_token(config: dict[str, Any], bits: int | None, group: int = 64) -> float:
+    """KV bytes per token over all layers: 16-bit, or packed plus a 16-bit scale and bias
+    per group (as a Mac serves it; float32 here doubles the unquantized figure)."""
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_value = 2.0 if bits is None else bits / 8 + 4 / group
+    return 2 * config["num_hidden_layers"] * heads * dim * per_value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--long-tokens", type=int, default=7900)
+    parser.add_argument("--model", default="bundled:smollm2-135m-instruct")
+    args = parser.parse_args()
+    model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
+                        float32=find_openblas() is not None)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    text = GPL.read_text()
+    prompts = {"eight": slices(text, tokenizer, 8, 1500),
+               "short": "Write a long story about a lighthouse keeper and a storm.",
+               "long": slices(text * 2, tokenizer, 1, args.long_tokens)[0]
+               + "\nSummarize this."}
+    work = REPO / "bench" / "results" / f"kv-cache-work-{os.getpid()}"
+    rows = [run_one(model_dir, r, b, prompts, work) for r in args.ranks for b in BITS]
+    config = json.loads((model_dir / "config.json").read_text())
+    for row in rows:
+        base = next(x for x in rows if x["ranks"] == row["ranks"] and x["kv_bits"] is None)
+        for key in ("decode_tps_short", "decode_tps_long", "prefill_tps"):
+            row[key + "_ratio"] = row[key] / base[key]
+        row["kv_growth_ratio"] = max(base["peak_rss_growth"]) / max(
+            max(row["peak_rss_growth"]), 1)
+        per_token = kv_bytes_per_token(config, row["kv_bits"])
+        row["kv_bytes_per_token_16bit_mac"] = per_token
+        row["full_context_sequences_per_gb"] = int(1e9 // (per_token * CONTEXT))
+        print(f"{row['ranks']} rank(s) kv_bits {row['kv_bits'] or '-':>2}: decode short "
+              f"{row['decode_tps_short']:.1f} tok/s (x{row['decode_tps_short_ratio']:.2f}), "
+              f"at {row['long_prompt_tokens']} tokens {row['decode_tps_long']:.1f} tok/s "
+              f"(x{row['decode_tps_long_ratio']:.2f}), prefill {row['prefill_tps']:.0f} "
+              f"tok/s (x{row['prefill_tps_ratio']:.2f}); peak RSS under 8x1500 "
+              f"{[round(x / 2**20) for x in row['peak_rss_under_load']]} MiB, growth "
+              f"{[round(x / 2**20) for x in row['peak_rss_growth']]} MiB; "
+              f"{row['full_context_sequences_per_gb']} full-context sequences per GB")
+    out = REPO / "bench" / "results" / f"kv-cache-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2))
+    print(f"figures: {out}")
+
+
+if __name__ == "__main__":
+    main()
