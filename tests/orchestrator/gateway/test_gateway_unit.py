@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from litestar.testing import AsyncTestClient
 
 from contract import launch_secret
@@ -21,6 +20,7 @@ from orchestrator.gateway import app as gateway_app
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.state import GangState
 from testkit.fake_rank0 import KEY, FakeView, Handler, fake_rank0, sse, status
+from testkit.raw_http import on_uvicorn
 
 BODY = {"model": "m", "prompt": "Hi", "max_tokens": 2}
 
@@ -164,25 +164,6 @@ async def test_a_request_held_past_request_timeout_s_gets_503(
     assert reply.json()["error"]["code"] == "cluster_unavailable"
 
 
-@contextlib.contextmanager
-def on_uvicorn(app: Any) -> Iterator[str]:
-    """The app on a real uvicorn server on 127.0.0.1, in a thread of its own: a client that
-    hangs up is seen as one (the test client cannot hang up)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 def test_a_held_request_whose_client_left_is_dropped_not_forwarded(
     gateway: Callable[..., Any],
 ) -> None:
@@ -197,7 +178,9 @@ def test_a_held_request_whose_client_left_is_dropped_not_forwarded(
     view = FakeView()
     view.to(GangState.RESTARTING)
     client, _ = gateway(view, handler)
-    with on_uvicorn(client.app) as url:
+    # A real server: a client that hangs up is seen as one (the test client cannot hang up).
+    with on_uvicorn(client.app) as (host, port):
+        url = f"http://{host}:{port}"
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/completions", json=BODY, timeout=0.5)
         time.sleep(0.3)  # the gateway reads the hang-up
