@@ -214,11 +214,8 @@ async def test_a_session_whose_lease_lapsed_gives_way_to_another_orchestrator(
     assert not pid_gone(rank)
 
 
-async def test_agent_of_another_protocol_ends_its_gang_for_a_relaunch(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An orchestrator of another protocol finds an orphaned agent: it says why, the agent
-    ends its ranks and exits, and the socket is free for a fresh agent (attach: None)."""
+async def orphaned_with_rank(agent: Agent) -> int:
+    """A rank opened, then the agent's orchestrator gone (stdin closed): the rank's pid."""
     rank = await agent.open_with_rank(grace_s=30.0)
     assert agent.proc.stdin is not None
     agent.proc.stdin.close()
@@ -226,6 +223,15 @@ async def test_agent_of_another_protocol_ends_its_gang_for_a_relaunch(
         if agent.path.with_suffix(".log").exists():
             break
         await asyncio.sleep(0.05)
+    return rank
+
+
+async def test_agent_of_another_protocol_ends_its_gang_for_a_relaunch(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An orchestrator of another protocol finds an orphaned agent: it says why, the agent
+    ends its ranks and exits, and the socket is free for a fresh agent (attach: None)."""
+    rank = await orphaned_with_rank(agent)
     monkeypatch.setattr("orchestrator.transports.handle.PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     transport = LocalTransport(NodeSpec(name="n"))
     options = AgentOptions(None, None, 30.0, 20.0, "new")
@@ -243,13 +249,7 @@ async def test_a_look_of_another_protocol_leaves_the_gang_serving(
     """`status` of another version (end_other_versions=False) finds an orphaned agent: it
     is told apart (TransportError naming both versions, "left running"), and the agent and
     its rank go on; a later attach of the same version still reaches it."""
-    rank = await agent.open_with_rank(grace_s=30.0)
-    assert agent.proc.stdin is not None
-    agent.proc.stdin.close()
-    for _ in range(100):  # orphaned: it logs to its file from then on
-        if agent.path.with_suffix(".log").exists():
-            break
-        await asyncio.sleep(0.05)
+    rank = await orphaned_with_rank(agent)
     monkeypatch.setattr("orchestrator.transports.handle.PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     transport = LocalTransport(NodeSpec(name="n"))
     look = AgentOptions(None, None, 30.0, 20.0, "status", end_other_versions=False)
