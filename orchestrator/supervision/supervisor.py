@@ -12,10 +12,9 @@
 As in torch.distributed.elastic's agent, each gang's end comes back as a value (a
 `GangResult`: every rank failure and the root cause), and `run()` returns a `RunResult`.
 What follows a failure is decided in recovery.py; which gang launches next in
-next_gang.py. A failed cluster keeps the orchestrator (and its 503s) up until
-`orchestrator restart` (SIGHUP) resets the budget, or a stop request ends it. Readers
-outside the loop (the gateway, `/status`) read `view` (cluster_view.py), never the live
-objects. Nothing is shared between supervisors: one per model instance can run side by side.
+next_gang.py. A failed cluster keeps its 503s up until `orchestrator restart` (SIGHUP)
+resets the budget, or a stop ends it. Readers outside the loop (gateway, `/status`) read
+`view` (cluster_view.py). Nothing is shared: one supervisor per model instance.
 """
 
 from __future__ import annotations
