@@ -282,7 +282,10 @@ class Engine:
             self._broadcast(StepPlan(PlanKind.PAUSE))
         with self._batch.stats() as work:
             events = self._run(planned.plan, drafts)
-        if not drafts:  # a verifying step is no decode step: the pacer times those
+        # A verifying step is no decode step, and a step with no sequence (the one planned
+        # ahead of a last token) takes no time: timing either would skew the pacer's
+        # decode step, and the arrival window with it (30% shorter after each lone request).
+        if not drafts and (events or work.prompt_tokens):
             self._pacer.observe(
                 time.perf_counter() - started, work.prompt_tokens, work.prompt_time)
         self._last_digest = digest_ints([v for e in events for v in (e.uid, e.token)])

@@ -58,7 +58,8 @@ class FakeBatch:
         yield SimpleNamespace(prompt_tokens=0, prompt_time=0.0)
 
     def step(self, prefill_chunk: int = 0) -> list[TokenEvent]:
-        time.sleep(self.step_s)
+        if self._live:  # as mlx-lm's: a step with no sequence returns at once
+            time.sleep(self.step_s)
         events = []
         for uid, state in list(self._live.items()):
             state[0] += 1
@@ -89,6 +90,7 @@ class Tokenizer:
 class Running:
     def __init__(self, batch: FakeBatch, **limits: int) -> None:
         self.batch = batch
+        self.pacer = PrefillPacer(512, 0)
         self.engine = Engine(
             batch,  # type: ignore[arg-type]
             None,
@@ -98,7 +100,7 @@ class Running:
             keepalive_s=0.02,
             faults=FaultPlan([], 0),
             metrics=ServingMetrics(),
-            pacer=PrefillPacer(512, 0),
+            pacer=self.pacer,
         )
         self.thread = threading.Thread(target=self.engine.run, daemon=True)
 
@@ -331,3 +333,23 @@ async def test_requests_that_arrive_together_join_the_same_step(engine: list[Run
     for sink in sinks:
         await collect(sink)
     assert inserted(running)[0] == ["r0", "r1", "r2", "r3"]
+
+
+async def test_an_idle_engine_waits_its_window_for_a_request_submitted_later(
+    engine: list[Running],
+) -> None:
+    """Once a decode step was measured (0.14 s: the 20 ms window), a request submitted 6 ms
+    after the one that woke the idle engine (here the loop's hops take microseconds) is
+    inserted by the same plan (serving/engine/arrivals.py's arrival window). The empty step
+    planned ahead of the warm-up's last token is not timed as a decode step: it would
+    shrink the window (and the prefill pacer's budget) by 30% after every lone request."""
+    running = start(engine, step_s=0.14)
+    await collect(running.submit("warm-up", max_tokens=2))
+    await asyncio.sleep(0.05)  # the step planned ahead of its last token: idle then
+    assert running.pacer.decode_step_s is not None and running.pacer.decode_step_s > 0.13
+    first = running.submit("a", max_tokens=1)
+    await asyncio.sleep(0.006)
+    second = running.submit("b", max_tokens=1)
+    await collect(first)
+    await collect(second)
+    assert inserted(running)[1:] == [["a", "b"]]
