@@ -190,6 +190,7 @@ def test_logit_bias_and_penalties_change_greedy_text(
         ).choices[0].text
 
     assert complete(logit_bias={"42": 100}) == tokenizer.decode([42]) * 8
+    # The penalties and min_p below compare only first tokens: 2 and 4 tokens say enough.
     top = client.completions.create(
         model=MODEL, prompt="yes yes yes", max_tokens=1, temperature=0, logprobs=0
     ).choices[0].logprobs
@@ -201,11 +202,11 @@ def test_logit_bias_and_penalties_change_greedy_text(
     assert repeats.startswith("sat on the mat")
     for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0},
                     {"extra_body": {"repetition_penalty": 2.0}}):
-        assert not complete(prompt=parrot, **penalty).startswith("sat"), penalty
+        assert not complete(2, prompt=parrot, **penalty).startswith("sat"), penalty
     # min_p = 1 keeps only the most likely token: sampling at temperature 1 turns greedy.
-    greedy = complete()
+    greedy = complete(4)
     for seed in (1, 2, 3):
-        assert complete(temperature=1.0, seed=seed, extra_body={"min_p": 1.0}) == greedy
+        assert complete(4, temperature=1.0, seed=seed, extra_body={"min_p": 1.0}) == greedy
 
 
 BAD_BODIES = [
@@ -285,7 +286,7 @@ def _stream_chat(base_url: str, prompt: str, out: dict[str, str]) -> None:
     body = {
         "model": MODEL,
         "messages": chat(prompt),
-        "max_tokens": 20,
+        "max_tokens": 8,  # several steps of 4 sequences in one batch: enough to compare
         "temperature": 0,
         "stream": True,
     }
@@ -420,7 +421,7 @@ def test_anthropic_messages_whole_and_streamed(
 def test_anthropic_event_sequence_and_stop_sequence(server: RankCluster) -> None:
     """The raw stream is Anthropic's event sequence; a stop sequence ends the text before
     it and is reported as stop_reason stop_sequence, naming it."""
-    body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "stream": True,
+    body = {"model": MODEL, "max_tokens": 10, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6"}]}
     url = f"{server.base_url}/v1/messages"
     with httpx.stream("POST", url, json=body, timeout=120) as reply:

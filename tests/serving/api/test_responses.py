@@ -1,11 +1,11 @@
 """POST /v1/responses through the gateway with its API key, by the official openai SDK (and one
-request as Codex CLI sends it), on a 1-rank cluster of the bundled model with a Qwen-style
-tool template, forced (rank_env.FORCED_OUTPUT) to answer with text and a call."""
+request as Codex CLI sends it), on a 1-rank cluster of the tiny random Llama (the bundled
+model's tokenizer) with a Qwen-style tool template, forced (rank_env.FORCED_OUTPUT) to
+answer with text and a call: what the model would say is not the point here, the API is."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ import pytest
 from contract.rank_env import FORCED_OUTPUT
 from testkit.orchestrator_process import running, write_cluster
 from testkit.responses_sdk import accumulate, sse_events
+from testkit.tiny_model import write_tiny_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "tool_calls"
@@ -39,16 +40,10 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path) -> Iterator[Served]:
-    """The bundled model (its weights linked, not copied) with a tool template, one local
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The tiny model (a step costs ~1/10 of SmolLM2's) with a tool template, one local
     rank, behind a gateway that wants KEY."""
-    model = tmp_path_factory.mktemp("responses-model") / "smollm2-tools"
-    model.mkdir()
-    for path in bundled_model_dir.iterdir():
-        if path.suffix == ".safetensors":
-            (model / path.name).symlink_to(path)
-        else:
-            shutil.copy(path, model / path.name)
+    model = write_tiny_model(tmp_path_factory.mktemp("responses-model") / "tiny-tools")
     config_path = model / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["chat_template"] = (FIXTURES / "qwen_tools_template.jinja").read_text(encoding="utf-8")

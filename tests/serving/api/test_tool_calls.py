@@ -1,4 +1,4 @@
-"""Tool calling: mlx-lm's parsers on recorded model outputs, and a tiny model at 3 ranks
+"""Tool calling: mlx-lm's parsers on recorded model outputs, and a tiny model at 2 ranks
 behind the gateway through the openai client, forced (rank_env.FORCED_OUTPUT) to emit a
 call in its template's format."""
 
@@ -142,17 +142,16 @@ class ToolServer:
 def tool_server(
     tmp_path_factory: pytest.TempPathFactory, bundled_quantized_dir: Path
 ) -> Iterator[ToolServer]:
-    """A tiny model (its tokenizer from the bundled one) that shards 3 ways (6 heads, 3 KV
-    heads) with a Qwen-style tool template, at 3 local ranks behind the gateway, forced to
-    answer with FORCED."""
-    model = write_tiny_model(tmp_path_factory.mktemp("tool-model") / "m", num_heads=6,
-                             num_kv_heads=3, hidden_size=48)
+    """The tiny model (its tokenizer from the bundled one) with a Qwen-style tool template,
+    at 2 local tensor ranks behind the gateway (3 on 2 cores busy-poll each other), forced
+    to answer with FORCED."""
+    model = write_tiny_model(tmp_path_factory.mktemp("tool-model") / "m")
     config_path = model / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["chat_template"] = (FIXTURES / "qwen_tools_template.jinja").read_text(encoding="utf-8")
     config_path.write_text(json.dumps(config), encoding="utf-8")
     nodes = [{"name": f"r{i}", "ip": "127.0.0.1", "env": {FORCED_OUTPUT: FORCED}}
-             for i in range(3)]
+             for i in range(2)]
     cluster = write_cluster(tmp_path_factory.mktemp("tools"), str(model), nodes,
                             supervisor={"standby_ranks": False})
     api = tomllib.loads(cluster.read_text())["api"]

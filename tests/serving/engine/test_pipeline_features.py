@@ -43,6 +43,10 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 TOOL_TEMPLATE = paths.FIXTURES / "tool_calls" / "qwen_tools_template.jinja"
 DESYNC_STEP = 60  # after the tool call's steps (about 30), so that test runs first
+# Tokens answered: the long prompt's logprobs after its chunked prefill, and the penalised
+# answer, which parts from plain greedy within its first words ("sea" is in the prompt).
+LONG_TOKENS = 8
+PENALISED_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +83,9 @@ def run(content, tokens, processors=None):
     prompt = ref.chat_prompt(tokenizer, content)
     assert len(prompt) > {CHUNK}, len(prompt)
     return asdict(ref.greedy(model, tokenizer, prompt, tokens, logits_processors=processors))
-json.dump({{"long": run({LONG!r}, 16),
-           "penalised": run({PENALISED!r}, 24, make_logits_processors(**{PENALTIES!r}))}},
+json.dump({{"long": run({LONG!r}, {LONG_TOKENS}),
+           "penalised": run({PENALISED!r}, {PENALISED_TOKENS},
+                            make_logits_processors(**{PENALTIES!r}))}},
           sys.stdout)
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
@@ -103,7 +108,7 @@ def test_chunked_prefill_greedy_and_logprobs_equal_unsplit_mlx_lm(
 ) -> None:
     """A prompt of over 10 prefill chunks gives unchunked 1-rank mlx-lm's tokens, and its
     logprobs within LOGPROB_TOL."""
-    body = chat(pipeline.base_url, LONG, 16, logprobs=True)
+    body = chat(pipeline.base_url, LONG, LONG_TOKENS, logprobs=True)
     want = reference["long"]
     assert body["choices"][0]["message"]["content"] == want.text
     got = [item["logprob"] for item in body["choices"][0]["logprobs"]["content"]]
@@ -117,8 +122,8 @@ def test_penalties_equal_unsplit_mlx_lm(
 ) -> None:
     """Repetition, presence and frequency penalties, greedy: mlx-lm's own processors on
     the unsplit model choose the same tokens, which differ from unpenalised greedy."""
-    penalised = chat(pipeline.base_url, PENALISED, 24, **PENALTIES)
-    plain = chat(pipeline.base_url, PENALISED, 24)
+    penalised = chat(pipeline.base_url, PENALISED, PENALISED_TOKENS, **PENALTIES)
+    plain = chat(pipeline.base_url, PENALISED, PENALISED_TOKENS)
     assert penalised["choices"][0]["message"]["content"] == reference["penalised"].text
     assert penalised["choices"][0]["message"]["content"] != \
         plain["choices"][0]["message"]["content"]

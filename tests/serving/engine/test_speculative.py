@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ import pytest
 
 from contract.exit_codes import RankExit
 from testkit import mlx_lm_reference
-from testkit.rank_cluster import rank_cluster
+from testkit.rank_cluster import RankCluster, rank_cluster
 from testkit.serving_requests import chat_body, summary
 from testkit.waiting import metric_value, wait_until
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.e2e
 # A prompt the answer copies: prompt lookup drafts most of it.
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
 PROMPT = "Repeat exactly:\n" + CODE
-MAX_TOKENS = 20
+MAX_TOKENS = 12  # the answer copies from its 3rd token or so: drafts accepted within 12
 SPECULATE = {"speculative": "prompt_lookup", "num_draft_tokens": 4}
 # The long answer of the joining test: speculating before the short request joins (after
 # a few steps), batched for its ~5, then speculating again for most of its ~120 tokens.
@@ -45,31 +46,56 @@ def plain(bundled_model_dir: Path) -> str:
     return f"{ref.completion_tokens}:{ref.text}"
 
 
+@pytest.fixture(scope="module")
+def pipeline_lookup(
+    tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path
+) -> Iterator[RankCluster]:
+    """2 pipeline ranks speculating by prompt lookup, shared by the greedy check and the
+    joining one; no rank may desync."""
+    with rank_cluster(tmp_path_factory.mktemp("lookup"), bundled_model_dir, 2,
+                      served_model_id="m", pipeline_split=SPLIT, **SPECULATE) as cluster:
+        yield cluster
+        for rank in range(2):
+            assert "DESYNC" not in cluster.log_text(rank)
+
+
 @pytest.mark.parametrize(
     ("ranks", "split"), [(1, None), (3, None), (2, SPLIT)],
     ids=["1-rank", "3-tensor-ranks", "2-pipeline-ranks"],
 )
 def test_greedy_with_speculation_is_plain_greedy(
-    tmp_path: Path, bundled_model_dir: Path, plain: str, ranks: int, split: list[int] | None
+    tmp_path: Path, bundled_model_dir: Path, plain: str, ranks: int, split: list[int] | None,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """Greedy with prompt lookup is plain mlx-lm's greedy, drafts accepted and counted; a
+    sampled request speculates too, the ranks in step."""
+    if split:
+        check_lookup(request.getfixturevalue("pipeline_lookup"), plain)
+        return
     with rank_cluster(tmp_path, bundled_model_dir, ranks, served_model_id="m",
-                      pipeline_split=split, **SPECULATE) as cluster:
-        url = cluster.base_url
-        body = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS, temperature=0)
-        assert summary(body) == plain
-        drafted = metric_value(url, "serving_spec_draft_tokens_total")
-        accepted = metric_value(url, "serving_spec_accepted_tokens_total")
-        assert 0 < accepted <= drafted, (accepted, drafted)
-        assert metric_value(url, "serving_spec_acceptance_rate") == pytest.approx(
-            accepted / drafted)
-        # Sampled (the accept/reject rule, from the request's key on every rank): the
-        # ranks stay in step (a desync would end the gang) and drafts are kept.
-        sampled = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS,
-                            temperature=0.5, seed=3)
-        assert sampled["usage"]["completion_tokens"] > 1
-        assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
-        for rank in range(ranks):
-            assert "DESYNC" not in cluster.log_text(rank)
+                      **SPECULATE) as cluster:
+        check_lookup(cluster, plain)
+
+
+def check_lookup(cluster: RankCluster, plain: str) -> None:
+    url = cluster.base_url
+    drafted_before = metric_value(url, "serving_spec_draft_tokens_total")
+    accepted_before = metric_value(url, "serving_spec_accepted_tokens_total")
+    body = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS, temperature=0)
+    assert summary(body) == plain
+    drafted = metric_value(url, "serving_spec_draft_tokens_total")
+    accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+    assert 0 < accepted - accepted_before <= drafted - drafted_before, (accepted, drafted)
+    assert metric_value(url, "serving_spec_acceptance_rate") == pytest.approx(
+        accepted / drafted)
+    # Sampled (the accept/reject rule, from the request's key on every rank): the
+    # ranks stay in step (a desync would end the gang) and drafts are kept.
+    sampled = chat_body(url, [{"role": "user", "content": PROMPT}], MAX_TOKENS,
+                        temperature=0.5, seed=3)
+    assert sampled["usage"]["completion_tokens"] > 1
+    assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
+    for rank in range(cluster.world_size):
+        assert "DESYNC" not in cluster.log_text(rank)
 
 
 def test_a_worker_that_accepts_otherwise_exits_desync(
@@ -98,7 +124,7 @@ def _ask(url: str) -> None:
 
 
 def test_a_request_joining_a_speculating_one_stays_in_step(
-    tmp_path: Path, bundled_model_dir: Path
+    pipeline_lookup: RankCluster,
 ) -> None:
     """2 ranks: a second request joins while the first speculates (steps turn batched),
     leaves, and the first speculates again; the ranks stay in step and both finish."""
@@ -108,22 +134,22 @@ def test_a_request_joining_a_speculating_one_stays_in_step(
         results["long"] = chat_body(url, [{"role": "user", "content": LONG_PROMPT}],
                                     LONG_TOKENS, temperature=0)
 
-    with rank_cluster(tmp_path, bundled_model_dir, 2, served_model_id="m",
-                      pipeline_split=SPLIT, **SPECULATE) as cluster:
-        url = cluster.base_url
-        thread = threading.Thread(target=long_one, args=(url,), daemon=True)
-        thread.start()
-        wait_until(lambda: metric_value(url, "serving_spec_accepted_tokens_total") > 0, 120,
-                   "the first request to speculate")
-        short = chat_body(url, [{"role": "user", "content": "Say hi."}], 4, temperature=0)
-        accepted = metric_value(url, "serving_spec_accepted_tokens_total")
-        assert thread.is_alive(), results  # the short one came and went during the long one
-        thread.join(300)
-        assert short["usage"]["completion_tokens"] >= 1  # type: ignore[index]
-        assert results["long"]["choices"][0]["finish_reason"] in ("stop", "length")  # type: ignore[index]
-        assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
-        for rank in range(2):
-            assert "DESYNC" not in cluster.log_text(rank)
+    cluster = pipeline_lookup
+    url = cluster.base_url
+    before = metric_value(url, "serving_spec_accepted_tokens_total")
+    thread = threading.Thread(target=long_one, args=(url,), daemon=True)
+    thread.start()
+    wait_until(lambda: metric_value(url, "serving_spec_accepted_tokens_total") > before, 120,
+               "the first request to speculate")
+    short = chat_body(url, [{"role": "user", "content": "Say hi."}], 4, temperature=0)
+    accepted = metric_value(url, "serving_spec_accepted_tokens_total")
+    assert thread.is_alive(), results  # the short one came and went during the long one
+    thread.join(300)
+    assert short["usage"]["completion_tokens"] >= 1  # type: ignore[index]
+    assert results["long"]["choices"][0]["finish_reason"] in ("stop", "length")  # type: ignore[index]
+    assert metric_value(url, "serving_spec_accepted_tokens_total") > accepted
+    for rank in range(2):
+        assert "DESYNC" not in cluster.log_text(rank)
 
 
 @pytest.mark.parametrize(

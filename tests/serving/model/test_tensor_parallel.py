@@ -52,33 +52,23 @@ class Served:
 def greedy_outputs(
     workdir: Path, model_dir: Path, ranks: int, max_tokens: int,
     rank_env_extra: Sequence[dict[str, str]] = (), processors: bool = True,
+    prompts: Sequence[str] = PROMPTS,
 ) -> Served:
-    """Greedy chat completions for PROMPTS (with their logprobs), with `processors` a sample
-    through every processor and a logit_bias, and a second turn that must reuse the first
-    turn's KV from every rank's prefix cache. A +100 logit_bias gives its token a logprob of
-    ~0 (taken after the bias)."""
+    """Greedy chat completions for `prompts` (with their logprobs); with `processors` also a
+    sample through every processor, a logit_bias, and a second turn that must reuse the
+    first turn's KV from every rank's prefix cache. A +100 logit_bias gives its token a
+    logprob of ~0 (taken after the bias)."""
     with rank_cluster(workdir, model_dir, ranks, served_model_id="m",
                       rank_env_extra=rank_env_extra) as cluster:
         url = cluster.base_url
         greedy = [
             chat_body(url, [{"role": "user", "content": p}], max_tokens, temperature=0,
                       logprobs=True)
-            for p in PROMPTS
+            for p in prompts
         ]
         outputs = [summary(body) for body in greedy]
         if processors:
-            outputs.append(chat(url, [{"role": "user", "content": PROMPTS[1]}], max_tokens,
-                                **PROCESSED))
-            biased = chat_body(url, [{"role": "user", "content": PROMPTS[0]}], 3,
-                               temperature=0, logprobs=True, logit_bias={str(BIASED): 100})
-            assert biased["usage"]["completion_tokens"] == 3, biased
-            assert all(lp > -LOGPROB_TOL for lp in token_logprobs(biased)), biased
-        reused = metric_value(url, "serving_prefix_cache_hit_tokens_total")
-        turns = [{"role": "user", "content": PROMPTS[0]},
-                 {"role": "assistant", "content": outputs[0].split(":", 1)[1]},
-                 {"role": "user", "content": "And the capital of Italy?"}]
-        outputs.append(chat(url, turns, max_tokens, temperature=0))
-        assert metric_value(url, "serving_prefix_cache_hit_tokens_total") - reused >= 20
+            outputs.append(processed_and_second_turn(url, outputs[0], max_tokens))
         for rank in range(ranks):
             assert f"tensor shard {rank}/{ranks}" in cluster.log_text(rank)
             assert "DESYNC" not in cluster.log_text(rank)
@@ -90,6 +80,23 @@ def greedy_outputs(
         return Served(outputs, [token_logprobs(body) for body in greedy])
 
 
+def processed_and_second_turn(url: str, first_answer: str, max_tokens: int) -> str:
+    """A sample through every processor, a +100 logit_bias, and a second turn on PROMPTS[0]
+    served from the prefix cache: their outputs, joined."""
+    processed = chat(url, [{"role": "user", "content": PROMPTS[1]}], max_tokens, **PROCESSED)
+    biased = chat_body(url, [{"role": "user", "content": PROMPTS[0]}], 3,
+                       temperature=0, logprobs=True, logit_bias={str(BIASED): 100})
+    assert biased["usage"]["completion_tokens"] == 3, biased
+    assert all(lp > -LOGPROB_TOL for lp in token_logprobs(biased)), biased
+    reused = metric_value(url, "serving_prefix_cache_hit_tokens_total")
+    turns = [{"role": "user", "content": PROMPTS[0]},
+             {"role": "assistant", "content": first_answer.split(":", 1)[1]},
+             {"role": "user", "content": "And the capital of Italy?"}]
+    second = chat(url, turns, max_tokens, temperature=0)
+    assert metric_value(url, "serving_prefix_cache_hit_tokens_total") - reused >= 20
+    return f"{processed}|{second}"
+
+
 def assert_close(got: list[list[float]], want: list[list[float]]) -> None:
     assert [len(g) for g in got] == [len(w) for w in want], (got, want)
     for g, w in zip(got, want, strict=True):
@@ -97,36 +104,30 @@ def assert_close(got: list[list[float]], want: list[list[float]]) -> None:
             g, w)
 
 
-def assert_plain_mlx_lm(model_dir: Path, served: Served, max_tokens: int) -> None:
-    """The greedy PROMPTS answers, token counts and logprobs are plain mlx-lm's."""
+def assert_plain_mlx_lm(
+    model_dir: Path, served: Served, max_tokens: int, prompts: Sequence[str] = PROMPTS
+) -> None:
+    """The greedy answers to `prompts`, token counts and logprobs are plain mlx-lm's."""
     model, tokenizer = mlx_lm_reference.load(model_dir)
     references = [
         mlx_lm_reference.greedy(
             model, tokenizer, mlx_lm_reference.chat_prompt(tokenizer, p), max_tokens)
-        for p in PROMPTS
+        for p in prompts
     ]
-    assert served.outputs[: len(PROMPTS)] == [f"{r.completion_tokens}:{r.text}" for r in references]
+    assert served.outputs[: len(prompts)] == [f"{r.completion_tokens}:{r.text}" for r in references]
     assert_close(served.logprobs, [r.logprobs for r in references])
 
 
-def test_three_ranks_match_one_rank_on_bundled_model(
+def test_three_ranks_match_plain_mlx_lm_on_bundled_model(
     tmp_path: Path, bundled_quantized_dir: Path
 ) -> None:
-    """SmolLM2 (4-bit, as Macs serve it) at 3 ranks: greedy text, token counts and logprobs
-    equal the 1-rank run's, which are plain mlx-lm's; so does a second turn from the prefix
-    cache. The 3 ranks agree on one prefix cache bound though each computes another. (The
-    logits processors are compared at 2 and 4 ranks on the tiny model: a step at 3 ranks
-    on 2 cores costs ~2 s.)"""
-    single = greedy_outputs(tmp_path / "r1", bundled_quantized_dir, 1, BUNDLED_TOKENS,
-                            processors=False)
-    assert_plain_mlx_lm(bundled_quantized_dir, single, BUNDLED_TOKENS)
-    # Ranks told they share the machine with 3, 4 and 5 ranks size different prefix caches
-    # on their own; all_min makes them agree (or their evictions, and batches, would part).
-    sharing = [{rank_env.RANKS_ON_MACHINE: str(n)} for n in (3, 4, 5)]
-    three = greedy_outputs(tmp_path / "r3", bundled_quantized_dir, 3, BUNDLED_TOKENS, sharing,
-                           processors=False)
-    assert three.outputs == single.outputs
-    assert_close(three.logprobs, single.logprobs)
+    """SmolLM2 (4-bit, as Macs serve it; 3 KV heads, so 1 or 3 ranks) at 3 ranks: one greedy
+    answer's text, token count and logprobs are plain mlx-lm's. (Processors, the prefix
+    cache and the ranks' one prefix cache bound are compared at 2 and 4 ranks on the tiny
+    model: a step at 3 ranks on 2 cores costs ~2 s.)"""
+    three = greedy_outputs(tmp_path, bundled_quantized_dir, 3, BUNDLED_TOKENS,
+                           processors=False, prompts=PROMPTS[:1])
+    assert_plain_mlx_lm(bundled_quantized_dir, three, BUNDLED_TOKENS, PROMPTS[:1])
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +144,14 @@ def test_tiny_model_matches_one_rank(
     tmp_path: Path, tiny_model_dir: Path, tiny_single: Served, ranks: int
 ) -> None:
     """The random tiny Llama at 2 and 4 ranks: greedy output and logprobs equal the 1-rank
-    run's, which are plain mlx-lm's."""
+    run's, which are plain mlx-lm's, with every processor and from the prefix cache too;
+    ranks that size their prefix caches apart agree on one bound."""
     single = tiny_single
-    many = greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, TINY_TOKENS)
+    # Ranks told they share the machine with more ranks than they do size different prefix
+    # caches on their own; all_min makes them agree (or their evictions, and batches, would
+    # part): greedy_outputs checks that every rank logs one bound.
+    sharing = [{rank_env.RANKS_ON_MACHINE: str(ranks + n)} for n in range(ranks)]
+    many = greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, TINY_TOKENS, sharing)
     assert many.outputs == single.outputs
     assert_close(many.logprobs, single.logprobs)
 
