@@ -80,11 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     command("restart", restart_help, _restart, config_optional=True)
     _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
     _bench_options(command("bench", BENCH_HELP, _bench, config_optional=True))
-    sync_help = ("copy the model to every node lacking it or holding another; with "
-                 "[[instances]], each instance's model to that instance's nodes only")
+    sync_help = "copy the model (each instance's) to every node of it lacking it"
     _sync_options(command("sync", sync_help, _sync))
-    pull_help = ("download the hf: model (each instance's) once to this machine (resumes, "
-                 "verifies)")
+    pull_help = "download each hf: model once to this machine (resumes, verifies)"
     models_help = "the models at this machine and the cluster's own"
     models = command("models", models_help, _models, True)
     for sub in (command("pull", pull_help, _pull), models):
