@@ -55,3 +55,14 @@ def test_a_shared_node_too_small_for_both_is_refused(
     assert main(["models", "--fit", str(write(tmp_path, TWO)), "--memory-gb", "b=0.3"]) == 1
     captured = capsys.readouterr()
     assert "fast" in captured.out and "[memory] b: the instances sharing it need" in captured.err
+
+
+def test_the_catalog_names_which_instance_serves_what_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`models cluster.toml --json`: each instance with its model, id and nodes."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert main(["models", str(write(tmp_path, TWO)), "--json"]) == 0
+    served = json.loads(capsys.readouterr().out)["instances"]
+    assert [(s["instance"], s["id"], s["nodes"]) for s in served] == [
+        ("main", "smollm2-135m-instruct", ["a", "b"]), ("fast", "small", ["b"])]
