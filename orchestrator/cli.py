@@ -316,6 +316,8 @@ def _bench_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--prompt-tokens", type=_positive, default=64,
                      help="about how long each prompt is, in tokens (64)")
     sub.add_argument("--no-warmup", action="store_true", help="skip the uncounted first request")
+    sub.add_argument("--model", metavar="ID", help="the model id or alias to send (default: "
+                     "the model; with [[instances]], each instance's id in turn)")
     sub.add_argument("--json", action="store_true", help="no progress; print the figures as JSON")
 
 
@@ -331,7 +333,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     options = BenchOptions(streams=args.streams, max_tokens=args.tokens,
                            prompt_tokens=args.prompt_tokens, warmup=not args.no_warmup)
-    return bench(args.config, options, args.json)
+    return bench(args.config, options, args.json, args.model)
 
 
 def _status(args: argparse.Namespace) -> int:
