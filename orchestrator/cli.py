@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     command("restart", restart_help, _restart, config_optional=True)
     _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
     _bench_options(command("bench", BENCH_HELP, _bench, config_optional=True))
-    sync_help = "copy the model (each instance's) to every node of it lacking it"
+    sync_help = "copy the model (each instance's) to the nodes serving it that lack it"
     _sync_options(command("sync", sync_help, _sync))
     pull_help = "download each hf: model once to this machine (resumes, verifies)"
     models_help = "the models at this machine and the cluster's own"
