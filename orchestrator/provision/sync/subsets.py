@@ -110,6 +110,35 @@ async def _place(spec: ClusterSpec, pool: NodePool, model: ModelInfo) -> Placeme
     return decided if isinstance(decided, Placement) and decided.mode == "pipeline" else None
 
 
+async def group_subsets(
+    parts: list[ClusterSpec], pool: NodePool, manifest: Manifest, source: Source
+) -> Subsets:
+    """Each instance's subsets of one model (its own placement), merged per node."""
+    found = [([node.name for node in part.nodes], await node_subsets(part, pool, manifest, source))
+             for part in parts]
+    return merge_subsets(found, manifest)
+
+
+def merge_subsets(parts: list[tuple[list[str], Subsets]], whole: Manifest) -> Subsets:
+    """A node in several instances of one model gets the union of their files (the whole
+    model when one of them wants it whole); its layers are shown when one instance has it."""
+    if len(parts) == 1:
+        return parts[0][1]
+    merged = Subsets()
+    for node in dict.fromkeys(name for names, _ in parts for name in names):
+        mine = [subsets for names, subsets in parts if node in names]
+        if any(node not in subsets.manifests for subsets in mine):
+            continue  # the whole model
+        wanted = {f.path for subsets in mine for f in subsets.manifests[node].files}
+        merged.manifests[node] = Manifest(files=[f for f in whole.files if f.path in wanted])
+        if len(mine) == 1 and node in mine[0].layers:
+            merged.layers[node] = mine[0].layers[node]
+        lacking = sorted({path for subsets in mine for path in subsets.missing.get(node, [])})
+        if lacking:
+            merged.missing[node] = lacking
+    return merged
+
+
 def split_subsets(placement: Placement, manifest: Manifest, shards: list[WeightShard]) -> Subsets:
     have = {f.path for f in manifest.files}
     every = sorted(have | {shard.path for shard in shards})

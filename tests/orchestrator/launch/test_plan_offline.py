@@ -5,8 +5,10 @@ read from the hub's config.json and listing only (the test hub counts the bytes)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +52,45 @@ def _plan(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_every_shipped_example_plans_offline(example: Path,
+def test_every_shipped_example_plans_offline(example: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """Each example file: exit 0, one rank per node with its env, nothing connected."""
+    """Each example file: exit 0, one rank per node (per instance's node) with its env,
+    nothing connected; an instance's hf: model read from a test hub's config.json."""
     config = tomllib.loads(example.read_text())
-    code, out, err = _plan(["plan", "--offline", str(example), *_stand_ins(config)], capsys)
+    args = ["plan", "--offline", str(example), *_stand_ins(config)]
+    with _hub_of(config.get("instances", []), tmp_path, monkeypatch):
+        code, out, err = _plan(args, capsys)
     assert code == 0, err
     plan = tomllib.loads(out)
-    assert [rank["node"] for rank in plan["ranks"]] == [n["name"] for n in config["nodes"]]
-    assert all("MLX_LAUNCH_ID" in rank["env"] for rank in plan["ranks"])
+    plans = [(i["nodes"], p) for i, p in zip(config.get("instances", []),
+                                              plan.get("instances", []), strict=True)]
+    for nodes, one in plans or [([n["name"] for n in config["nodes"]], plan)]:
+        assert [rank["node"] for rank in one["ranks"]] == nodes
+        assert all("MLX_LAUNCH_ID" in rank["env"] for rank in one["ranks"])
     assert "offline: no node was connected to" in err
-    if config.get("model", {}).get("path", "bundled:").startswith("bundled:"):
+    if config.get("model", {}).get("path", "bundled:").startswith("bundled:") and not plans:
         assert plan["placement"]["ranks"], err  # readable here: the placement is decided
+
+
+@contextlib.contextmanager
+def _hub_of(instances: list[dict[str, Any]], tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test hub serving each instance's hf: repo as a small model (no network here)."""
+    repos = sorted({i["model"].removeprefix("hf:").partition("@")[0] for i in instances
+                    if i["model"].startswith("hf:")})
+    if not repos:
+        yield
+        return
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(SMOLLM2))
+    (root / "model.safetensors").write_bytes(b"\0" * 1000)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_TOKEN", "")
+    with HubServer([serve_dir(repo, root) for repo in repos]) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        yield
 
 
 @pytest.mark.parametrize(("where", "text"), BLOCKS, ids=[where for where, _ in BLOCKS])
