@@ -7,8 +7,7 @@
         switch: veth "data" into bridge <prefix>d, 198.19.R.(i+1)/24 (one subnet)
         ring:   a veth pair per neighbouring pair ("c<j>" in host i faces host j), each
                 pair its own /30: a Thunderbolt ring of Macs, a different address per cable
-        bare-ring: the same cables, up, with no IPv4 address (IPv6 link-local only): a
-                ring as cabled, before anyone set addresses (`init --apply` does)
+        bare-ring: the same cables, up, with no IPv4 address (as cabled; init --apply)
 
 Only connected routes exist; the root namespace has none into the data network (it is
 marked unreachable there, so nothing can leak out of the machine). Every name carries a
@@ -309,8 +308,7 @@ def _switch(net: MultiHost) -> None:
 
 
 def _ring(net: MultiHost, addressed: bool = True) -> None:
-    """A /30 per cable between neighbours: .4k+1 on host i's side, .4k+2 on host j's
-    (none when not addressed: the cables are only up)."""
+    """A /30 per cable (none if not addressed): .4k+1 on host i's side, .4k+2 on j's."""
     size = len(net.hosts)
     for k, i in enumerate(range(size if size > 2 else 1)):
         j = (i + 1) % size
@@ -319,11 +317,10 @@ def _ring(net: MultiHost, addressed: bool = True) -> None:
            "netns", b.ns)
         base = net.data_net.network_address + 4 * k
         for host, peer, address in ((a, j, base + 1), (b, i, base + 2)):
-            dev = f"c{peer}"
             if addressed:
-                sh(IP, "-n", host.ns, "addr", "add", f"{address}/30", "dev", dev)
+                sh(IP, "-n", host.ns, "addr", "add", f"{address}/30", "dev", f"c{peer}")
                 host.data_ips[peer] = str(address)
-            sh(IP, "-n", host.ns, "link", "set", dev, "up")
+            sh(IP, "-n", host.ns, "link", "set", f"c{peer}", "up")
 
 
 def _start_sshd(net: MultiHost, host: Host) -> str:

@@ -50,6 +50,7 @@ class Layout:
     node_rdma: dict[int, list[str]] = field(default_factory=dict)  # a mesh: by rank
     cables: list[Cable] = field(default_factory=list)  # every cable found
     steps: dict[int, list[Step]] = field(default_factory=dict)  # host -> to run there
+    mesh: list[Cable] = field(default_factory=list)  # a jaccl mesh: one cable per pair
     proposed: list[tuple[Cable, tuple[str, str]]] = field(default_factory=list)  # mesh
 
     @property
@@ -221,7 +222,7 @@ def _mesh_layout(hosts: list[HostProbe], names: list[str], cables: list[Cable]) 
         "RDMA enabled on macOS 26.2+ and an RDMA device on each cable end: each rank "
         "reaches every other in one hop, what tensor parallel's all-reduce needs",
     ]
-    mesh = list(chosen.values())
+    mesh = layout.mesh = list(chosen.values())
     _bridge_steps(layout, hosts, mesh)
     subnets = addressing.proposed_subnets(hosts)
     for index in range(size):

@@ -101,7 +101,7 @@ def _instances_comment(names: list[str]) -> list[str]:
 def _cable_comments(layout: Layout, names: list[str]) -> list[str]:
     if not layout.cables:
         return ["#", "# No cables found between the hosts."]
-    used = {id(link.cable) for link in layout.links}
+    used = {id(link.cable) for link in layout.links} | {id(cable) for cable in layout.mesh}
     found = ["#", "# Cables found:"]
     for cable in layout.cables:
         found.append(f"#   {describe_cable(cable, names)}"

@@ -31,7 +31,7 @@ def parse_target(text: str) -> Target:
     user, at, host = text.rpartition("@")
     if not host:
         raise TargetError(f"{text!r}: no host after the user")
-    port = ""
+    port: str | None = None
     if host.startswith("["):
         closing = host.find("]")
         if closing < 0:
@@ -45,7 +45,7 @@ def parse_target(text: str) -> Target:
         host, _, port = host.partition(":")
     if not host or host == "[]":
         raise TargetError(f"{text!r}: no host")
-    return Target(f"{user}{at}{host}", _port(text, port) if port else DEFAULT_SSH_PORT)
+    return Target(f"{user}{at}{host}", DEFAULT_SSH_PORT if port is None else _port(text, port))
 
 
 def _port(text: str, port: str) -> int:
