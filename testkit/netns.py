@@ -7,6 +7,7 @@
         switch: veth "data" into bridge <prefix>d, 198.19.R.(i+1)/24 (one subnet)
         ring:   a veth pair per neighbouring pair ("c<j>" in host i faces host j), each
                 pair its own /30: a Thunderbolt ring of Macs, a different address per cable
+        bare-ring: the same cables, up, with no IPv4 address (as cabled; init --apply)
 
 Only connected routes exist; the root namespace has none into the data network (it is
 marked unreachable there, so nothing can leak out of the machine). Every name carries a
@@ -45,7 +46,7 @@ from testkit import require
 from testkit.require import missing
 from testkit.sshd import SSHD, keygen, sshd_config, stop_process, wait_listening
 
-Topology = Literal["switch", "ring"]
+Topology = Literal["switch", "ring", "bare-ring"]
 IP = "/usr/sbin/ip"
 TC = "/usr/sbin/tc"
 
@@ -282,7 +283,7 @@ def _build(net: MultiHost) -> None:
     if net.topology == "switch":
         _switch(net)
     else:
-        _ring(net)
+        _ring(net, addressed=net.topology == "ring")
     keygen(net.user_key)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
     lines = [_start_sshd(net, host) for host in net.hosts]
@@ -306,8 +307,8 @@ def _switch(net: MultiHost) -> None:
         host.data_ips[-1] = address
 
 
-def _ring(net: MultiHost) -> None:
-    """A /30 per cable between neighbours: .4k+1 on host i's side, .4k+2 on host j's."""
+def _ring(net: MultiHost, addressed: bool = True) -> None:
+    """A /30 per cable (none if not addressed): .4k+1 on host i's side, .4k+2 on j's."""
     size = len(net.hosts)
     for k, i in enumerate(range(size if size > 2 else 1)):
         j = (i + 1) % size
@@ -316,10 +317,10 @@ def _ring(net: MultiHost) -> None:
            "netns", b.ns)
         base = net.data_net.network_address + 4 * k
         for host, peer, address in ((a, j, base + 1), (b, i, base + 2)):
-            dev = f"c{peer}"
-            sh(IP, "-n", host.ns, "addr", "add", f"{address}/30", "dev", dev)
-            sh(IP, "-n", host.ns, "link", "set", dev, "up")
-            host.data_ips[peer] = str(address)
+            if addressed:
+                sh(IP, "-n", host.ns, "addr", "add", f"{address}/30", "dev", f"c{peer}")
+                host.data_ips[peer] = str(address)
+            sh(IP, "-n", host.ns, "link", "set", f"c{peer}", "up")
 
 
 def _start_sshd(net: MultiHost, host: Host) -> str:

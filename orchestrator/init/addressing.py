@@ -1,5 +1,6 @@
-"""Addresses for what `init` writes: a /30 per cable that has none (and the commands that
-would give it, printed, never run), each node's LAN address, the subnet a switch shares.
+"""Addresses for what `init` writes: a /30 per cable that has none (and the steps that
+give it: printed, and run by `init --apply` only), each node's LAN address, the subnet a
+switch shares.
 
 Proposed subnets are 10.10.<k>.0/30, the form docs/mac-setup.md uses: never the
 192.168.0.x / 192.168.1.x home routers hand out, and skipping any subnet a host already
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import shlex
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from orchestrator.init.cables import End
 from orchestrator.init.probe import HostProbe
@@ -34,32 +36,47 @@ def proposed_subnets(hosts: list[HostProbe]) -> Iterator[ipaddress.IPv4Network]:
             yield subnet
 
 
-def setup_commands(host: HostProbe, end: End, address: ipaddress.IPv4Interface,
-                   peer_name: str) -> list[str]:
-    """What gives this end its address, to be run by the person (init changes nothing)."""
+@dataclass(frozen=True)
+class Step:
+    """One command that prepares a host: printed as `sudo <argv>`, every word quoted by
+    shlex; run as root (through `sudo -n` unless the SSH user is root) by --apply."""
+
+    argv: tuple[str, ...]
+    note: str = ""  # printed after the command, as a shell comment
+    may_fail: bool = False  # --apply goes on when it fails (it may be done already)
+
+    def __str__(self) -> str:
+        return "sudo " + shlex.join(self.argv) + (f"   # {self.note}" if self.note else "")
+
+
+def setup_steps(host: HostProbe, end: End, address: ipaddress.IPv4Interface,
+                peer_name: str) -> list[Step]:
+    """What gives this end its address."""
     if host.is_mac:
         service = f"TB {end.interface} to {peer_name}"
         port = end.hardware_port or f"Thunderbolt port of {end.interface}"
         return [
-            "sudo networksetup -createnetworkservice "
-            f"{shlex.quote(service)} {shlex.quote(port)}   # skip if the port has a service",
-            f"sudo networksetup -setmanual {shlex.quote(service)} {address.ip} "
-            f"{address.netmask} ''",
+            Step(("networksetup", "-createnetworkservice", service, port),
+                 "skip if the port has a service", may_fail=True),
+            Step(("networksetup", "-setmanual", service, str(address.ip),
+                  str(address.netmask), "")),
         ]
-    return [f"sudo ip addr add {address.with_prefixlen} dev {shlex.quote(end.interface or '?')}"]
+    iface = end.interface or "?"
+    return [Step(("ip", "addr", "add", address.with_prefixlen, "dev", iface)),
+            Step(("ip", "link", "set", iface, "up"))]
 
 
-def bridge_commands(host: HostProbe, interfaces: set[str]) -> list[str]:
+def bridge_steps(host: HostProbe, interfaces: set[str]) -> list[Step]:
     """A Mac's Thunderbolt ports in the Thunderbolt Bridge break RDMA and per-cable subnets
     (docs/mac-setup.md section 3): the commands that take them out, for now."""
-    found: list[str] = []
+    found: list[Step] = []
     for iface in host.interfaces:
         for member in sorted(set(iface.members) & interfaces):
-            found.append(
-                f"sudo ifconfig {shlex.quote(iface.name)} deletem {shlex.quote(member)}"
-                "   # for good: System Settings > Network > Thunderbolt Bridge > "
-                "Manage Virtual Interfaces"
-            )
+            found.append(Step(
+                ("ifconfig", iface.name, "deletem", member),
+                "for good: System Settings > Network > Thunderbolt Bridge > "
+                "Manage Virtual Interfaces",
+            ))
     return found
 
 

@@ -3,8 +3,9 @@
 Macs: a Thunderbolt port whose connected item carries another probed port's domain UUID
 is one end of a cable (as `mlx.distributed_config` matches them). Linux hosts (and the
 namespace hosts of the tests): a point-to-point subnet, one of a /30 or /31 holding this
-interface's address and exactly one other host's, is a cable. A subnet every host shares
-is a switch, not a cable (network.py).
+interface's address and exactly one other host's, is a cable; so is an interface with no
+address whose link-local neighbour is another host's (neighbours.py). A subnet every host
+shares is a switch, not a cable (network.py).
 """
 
 from __future__ import annotations
@@ -100,4 +101,24 @@ def point_to_point_cables(hosts: list[HostProbe]) -> list[Cable]:
                 j, other_iface, other = peers[0]
                 ends = (End(i, iface.name, address), End(j, other_iface.name, other))
                 cables.append(Cable(ends, "point-to-point"))
+    return cables + unaddressed_cables(hosts)
+
+
+def unaddressed_cables(hosts: list[HostProbe]) -> list[Cable]:
+    """Cables with no address yet, from the link-local neighbours a host reached
+    (neighbours.py): one per pair of interfaces, whichever end found it."""
+    owner = {address: (j, iface) for j, host in enumerate(hosts)
+             for iface, address in host.link_local.items()}
+    cables: list[Cable] = []
+    seen: set[frozenset[tuple[int, str]]] = set()
+    for i, host in enumerate(hosts):
+        for iface, address in host.neighbours:
+            if address not in owner or owner[address][0] == i:
+                continue
+            j, other = owner[address]
+            key = frozenset(((i, iface), (j, other)))
+            if key not in seen:
+                seen.add(key)
+                cables.append(Cable((End(i, iface, None), End(j, other, None)),
+                                    "point-to-point"))
     return cables

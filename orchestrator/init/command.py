@@ -1,9 +1,12 @@
-"""`orchestrator init HOST... [-o cluster.toml]`: probe the hosts, find their cables, write
-a cluster.toml that validates. It changes nothing on any host: what a host lacks (a
-cable's address, a port in the Thunderbolt Bridge) is printed as commands to run.
+"""`orchestrator init HOST... [-o cluster.toml] [--apply]`: probe the hosts, find their
+cables, write a cluster.toml that validates. Without --apply it changes nothing on any
+host: what a host lacks (a cable's address, a port in the Thunderbolt Bridge) is printed
+as commands to run. With --apply it runs them (apply.py), probes again, and writes the
+file from what the hosts now have.
 
-    HOST ("me@studio-b.local", "10.1.0.11", "local") ──transport──▶ probe.py (its tools)
-        ──▶ cables.py ──▶ layout.py (order, backend, addresses) ──▶ render.py ──▶ validated
+    HOST ("me@studio-b.local:2222", "10.1.0.11", "local") ──transport──▶ probe.py
+        ──▶ cables.py (+ neighbours.py) ──▶ layout.py ──▶ [apply.py, probe again]
+        ──▶ render.py ──▶ validated ──▶ written
 """
 
 from __future__ import annotations
@@ -17,25 +20,32 @@ import sys
 import tomllib
 from pathlib import Path
 
-from orchestrator.config import ConfigErrors, NodeSpec
+from orchestrator.config import ConfigErrors
 from orchestrator.config.load import check_cluster_data
-from orchestrator.init.layout import InitError, plan_layout
-from orchestrator.init.probe import HostProbe, probe_host
+from orchestrator.init.apply import ApplyError, apply_steps
+from orchestrator.init.hosts import Connected, connected, probe_all
+from orchestrator.init.layout import InitError, Layout, plan_layout
+from orchestrator.init.probe import HostProbe
 from orchestrator.init.render import Access, render
-from orchestrator.transports import Completed, transport_for
+from orchestrator.init.targets import Target, TargetError, parse_target
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-COMMAND_TIMEOUT_S = 60.0  # system_profiler on a Mac takes a few seconds
 HELP = "probe hosts over SSH, find the cables between them, write a cluster.toml"
 
 
 def add_init_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub = commands.add_parser("init", help=HELP, description=HELP + " (changes no host)")
+    sub = commands.add_parser("init", help=HELP, description=HELP + " (changes no host "
+                              "without --apply)")
     sub.add_argument("hosts", nargs="+", metavar="HOST",
-                     help='"[user@]host" reached over SSH, or "local" for this machine')
+                     help='"[user@]host[:port]" reached over SSH ("user@[v6addr]:port"), '
+                     'or "local" for this machine')
     sub.add_argument("-o", "--output", type=Path,
                      help="write the file here (default: print it)")
     sub.add_argument("--force", action="store_true", help="overwrite an existing --output")
+    sub.add_argument("--apply", action="store_true",
+                     help="run the printed commands on the hosts (cable addresses, "
+                     "Thunderbolt Bridge), as root or with passwordless sudo, then probe "
+                     "again and write the file")
     sub.add_argument("--identity-file", help="SSH private key for every host")
     sub.add_argument("--known-hosts", help="known_hosts file to check the hosts' keys with")
     sub.add_argument("--accept-new-host-keys", action="store_true",
@@ -51,15 +61,19 @@ def run(args: argparse.Namespace) -> int:
     if args.output and args.output.exists() and not args.force:
         print(f"{args.output} exists: pass --force to overwrite it", file=sys.stderr)
         return EXIT_USAGE
-    if args.hosts.count("local") > 1:
+    try:
+        targets = [parse_target(text) for text in args.hosts]
+    except TargetError as exc:
+        print(f"init: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if [t.ssh for t in targets].count("local") > 1:
         print("`local` may be given once", file=sys.stderr)
         return EXIT_USAGE
     access = Access(args.identity_file, args.known_hosts, args.python, args.accept_new_host_keys)
-    names = node_names(args.hosts)
+    names = node_names([t.ssh for t in targets])
     try:
-        hosts = asyncio.run(probe_all(args.hosts, names, access))
-        layout = plan_layout(hosts, names)
-    except InitError as exc:
+        hosts, layout = asyncio.run(_survey(targets, names, access, args.apply))
+    except (InitError, ApplyError) as exc:
         print(f"init: {exc}", file=sys.stderr)
         return EXIT_FAILED
     text = render(hosts, names, layout, access, args.name, args.model)
@@ -76,7 +90,31 @@ def run(args: argparse.Namespace) -> int:
     for index, commands in layout.commands.items():
         print(f"\non {names[index]} ({args.hosts[index]}), before `up`:", file=sys.stderr)
         print("\n".join(f"  {c}" for c in commands), file=sys.stderr)
-    return EXIT_OK
+    return EXIT_FAILED if args.apply and layout.steps else EXIT_OK
+
+
+async def _survey(targets: list[Target], names: list[str], access: Access,
+                  apply: bool) -> tuple[list[HostProbe], Layout]:
+    """Probe and plan; with apply and something to do: do it, then probe and plan again."""
+    async with connected(targets, names, access) as hosts:
+        probes = await probe_all(hosts)
+        layout = plan_layout(probes, names)
+        if not (apply and layout.steps):
+            return probes, layout
+        await _apply(hosts, names, layout)
+        probes = await probe_all(hosts)
+        layout = plan_layout(probes, names)
+        if layout.steps:
+            print("init: after --apply the hosts still lack what the commands below set",
+                  file=sys.stderr)
+        return probes, layout
+
+
+async def _apply(hosts: list[Connected], names: list[str], layout: Layout) -> None:
+    for index, steps in layout.steps.items():
+        ran = await apply_steps(hosts[index].target.ssh, hosts[index].run, steps)
+        print(f"applied on {names[index]} ({hosts[index].target.ssh}):", file=sys.stderr)
+        print("\n".join(f"  {line}" for line in ran), file=sys.stderr)
 
 
 def node_names(targets: list[str]) -> list[str]:
@@ -96,36 +134,3 @@ def node_names(targets: list[str]) -> list[str]:
             name += "-2"
         names.append(name)
     return names
-
-
-async def probe_all(targets: list[str], names: list[str], access: Access) -> list[HostProbe]:
-    """Every host at once; every one that cannot be reached is reported, not just the first."""
-    results = await asyncio.gather(
-        *(_probe(t, n, access) for t, n in zip(targets, names, strict=True)),
-        return_exceptions=True,
-    )
-    failed = [f"{t}: {r}" for t, r in zip(targets, results, strict=True)
-              if isinstance(r, BaseException)]
-    if failed:
-        raise InitError("cannot probe " + "; ".join(failed))
-    return [r for r in results if isinstance(r, HostProbe)]
-
-
-async def _probe(target: str, name: str, access: Access) -> HostProbe:
-    local = target == "local"
-    node = NodeSpec(
-        name=name, transport="local" if local else "ssh", ssh=None if local else target,
-        identity_file=access.identity_file, known_hosts=access.known_hosts,
-        accept_new_host_keys=access.accept_new_host_keys,
-    )
-    python = access.python or (sys.executable if local else "python3")
-    transport = transport_for(node)
-    try:
-        await transport.connect()
-
-        async def run_one(_key: str, argv: list[str]) -> Completed:
-            return await transport.run(argv, timeout=COMMAND_TIMEOUT_S)
-
-        return await probe_host(target, run_one, python)
-    finally:
-        await transport.close()

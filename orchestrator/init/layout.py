@@ -1,7 +1,9 @@
 """From probed hosts and their cables to what cluster.toml says: the order of the nodes
 (rank order), the backend and why, each cable's addresses and RDMA devices, the nodes'
-`ip`, and the commands that would prepare what is missing.
+`ip`, and the steps that would prepare what is missing (run by `init --apply` only).
 
+    4+ Macs, every pair cabled, jaccl possible ──▶ a JACCL mesh: each node's `rdma` towards
+        every rank (what `mlx.distributed_config` writes for a mesh), no [[links]]
     cables close a ring ──▶ [[links]] in ring order (2 hosts: one cable is the ring)
         every Mac RDMA-enabled, macOS 26.2+, each cable end's rdma_<if> present ──▶ jaccl
         otherwise ──▶ ring over the cables' addresses (proposed /30s where missing)
@@ -15,10 +17,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from orchestrator.init import addressing
+from orchestrator.init.addressing import Step
 from orchestrator.init.cables import Cable, find_cables
 from orchestrator.init.probe import HostProbe
 
 JACCL_MIN_MACOS = (26, 2)  # Apple TN3205: RDMA over Thunderbolt
+# Three Macs cabled in a ring are also a full mesh: they stay a jaccl ring ([[links]]), as
+# before; from four, a full mesh is written as one (every pair one hop apart).
+MESH_MIN_HOSTS = 4
 
 
 class InitError(Exception):
@@ -41,14 +47,25 @@ class Layout:
     reasons: list[str] = field(default_factory=list)  # why this backend, for the comment
     links: list[LinkPlan] = field(default_factory=list)
     node_ips: dict[int, str] = field(default_factory=dict)
+    node_rdma: dict[int, list[str]] = field(default_factory=dict)  # a mesh: by rank
     cables: list[Cable] = field(default_factory=list)  # every cable found
-    commands: dict[int, list[str]] = field(default_factory=dict)  # host -> to run there
+    steps: dict[int, list[Step]] = field(default_factory=dict)  # host -> to run there
+    mesh: list[Cable] = field(default_factory=list)  # a jaccl mesh: one cable per pair
+    proposed: list[tuple[Cable, tuple[str, str]]] = field(default_factory=list)  # mesh
+
+    @property
+    def commands(self) -> dict[int, list[str]]:
+        """The steps as printed: host -> its commands."""
+        return {host: [str(step) for step in steps] for host, steps in self.steps.items()}
 
 
 def plan_layout(hosts: list[HostProbe], names: list[str]) -> Layout:
     cables = find_cables(hosts)
     if len(hosts) == 1:
         return Layout([0], reasons=["one node: no links between ranks"], cables=cables)
+    mesh = _mesh_layout(hosts, names, cables)
+    if mesh is not None:
+        return mesh
     order = ring_order(len(hosts), cables)
     if order is None:
         layout = _switch_layout(hosts, cables)
@@ -102,26 +119,27 @@ def _link(layout: Layout, hosts: list[HostProbe], names: list[str], pair: tuple[
     if cable.addressed:
         ips = (str(ends[0].address.ip), str(ends[1].address.ip))  # type: ignore[union-attr]
         return LinkPlan(cable, pair, ips)
+    return LinkPlan(cable, pair, _propose(layout, hosts, names, pair, cable, subnets),
+                    proposed=True)
+
+
+def _propose(layout: Layout, hosts: list[HostProbe], names: list[str], pair: tuple[int, int],
+             cable: Cable, subnets: Iterator[ipaddress.IPv4Network]) -> tuple[str, str]:
+    """The next free /30 for a cable with no addresses, and the steps that set it."""
+    ends = cable.end(pair[0]), cable.end(pair[1])
     subnet = next(subnets)
     mine = [ipaddress.IPv4Interface(f"{subnet.network_address + k}/30") for k in (1, 2)]
     for end, address, peer in zip(ends, mine, reversed(pair), strict=True):
-        commands = addressing.setup_commands(hosts[end.host], end, address, names[peer])
-        layout.commands.setdefault(end.host, []).extend(commands)
-    return LinkPlan(cable, pair, (str(mine[0].ip), str(mine[1].ip)), proposed=True)
+        steps = addressing.setup_steps(hosts[end.host], end, address, names[peer])
+        layout.steps.setdefault(end.host, []).extend(steps)
+    return str(mine[0].ip), str(mine[1].ip)
 
 
 def _choose_backend(layout: Layout, hosts: list[HostProbe]) -> None:
-    used = {(end.host, end.interface) for link in layout.links for end in link.cable.ends}
-    for index, host in enumerate(hosts):
-        cabled = {iface for h, iface in used if h == index and iface}
-        bridge = addressing.bridge_commands(host, cabled)
-        if bridge:
-            layout.commands.setdefault(index, [])[:0] = bridge
-    kinds = {link.cable.kind for link in layout.links}
+    cables = [link.cable for link in layout.links]
+    _bridge_steps(layout, hosts, cables)
     cabling = f"{len(layout.links)} cable(s) close a ring in this node order"
-    missing = list(_jaccl_missing(layout, hosts)) if kinds == {"thunderbolt"} else [
-        "the cables are not Thunderbolt between Macs (RDMA over Thunderbolt is macOS only)"
-    ]
+    missing = list(_jaccl_missing(cables, hosts))
     if missing:
         layout.reasons = [f"ring: {cabling}; jaccl (RDMA) is not possible because", *missing]
         return
@@ -130,9 +148,32 @@ def _choose_backend(layout: Layout, hosts: list[HostProbe]) -> None:
         f"jaccl: {cabling}, every Mac has RDMA enabled on macOS 26.2+ and an RDMA device "
         "on each cable end (JACCL's latency is far below the TCP ring's)",
     ]
+    pairs = len({c.hosts for c in layout.cables})
+    full = len(hosts) * (len(hosts) - 1) // 2
+    if len(hosts) >= MESH_MIN_HOSTS and pairs < full:
+        layout.reasons.append(
+            f"not a full mesh ({pairs} of the {full} pairs of Macs cabled): JACCL's ring "
+            "mode (what `mlx.distributed_config` writes as jaccl-ring), whose all-reduce "
+            "goes round the ring in steps and whose sends reach only the two neighbours. "
+            "Tensor parallel all-reduces every layer: cable every pair for a mesh, or "
+            'set [cluster] parallel = "pipeline" (neighbour sends only)')
     for link in layout.links:
         a, b = (link.cable.end(h).interface for h in link.between)
         link.rdma = (f"rdma_{a}", f"rdma_{b}")
+    _lan_ips(layout, hosts, cables)
+
+
+def _bridge_steps(layout: Layout, hosts: list[HostProbe], cables: list[Cable]) -> None:
+    used = {(end.host, end.interface) for cable in cables for end in cable.ends}
+    for index, host in enumerate(hosts):
+        bridge = addressing.bridge_steps(host, {i for h, i in used if h == index and i})
+        if bridge:
+            layout.steps.setdefault(index, [])[:0] = bridge
+
+
+def _lan_ips(layout: Layout, hosts: list[HostProbe], cables: list[Cable]) -> None:
+    """Each node's LAN address: JACCL's coordinator is reached there, not over a cable."""
+    used = {(end.host, end.interface) for cable in cables for end in cable.ends}
     for index, host in enumerate(hosts):
         address = addressing.lan_address(host, {i for h, i in used if h == index and i})
         if address is None:
@@ -141,11 +182,14 @@ def _choose_backend(layout: Layout, hosts: list[HostProbe]) -> None:
         layout.node_ips[index] = address
 
 
-def _jaccl_missing(layout: Layout, hosts: list[HostProbe]) -> Iterator[str]:
-    for link in layout.links:
-        if link.cable.thunderbolt5 is False:
-            a, b = (hosts[end.host].target for end in link.cable.ends)
-            yield f"  the cable {a} - {b} is {link.cable.speed}: RDMA needs Thunderbolt 5"
+def _jaccl_missing(cables: list[Cable], hosts: list[HostProbe]) -> Iterator[str]:
+    if {cable.kind for cable in cables} != {"thunderbolt"}:
+        yield "  the cables are not Thunderbolt between Macs (RDMA over Thunderbolt is macOS only)"
+        return
+    for cable in cables:
+        if cable.thunderbolt5 is False:
+            a, b = (hosts[end.host].target for end in cable.ends)
+            yield f"  the cable {a} - {b} is {cable.speed}: RDMA needs Thunderbolt 5"
     for index, host in enumerate(hosts):
         if _version(host.os_version) < JACCL_MIN_MACOS:
             yield f"  {host.target}: macOS {host.os_version}; RDMA needs 26.2 or later"
@@ -154,10 +198,46 @@ def _jaccl_missing(layout: Layout, hosts: list[HostProbe]) -> Iterator[str]:
             yield (f"  {host.target}: rdma_ctl status is {host.rdma_status} (enable it in "
                    "macOS Recovery: docs/mac-setup.md section 2)")
             continue
-        for link in layout.links:
-            end = link.cable.end(index) if index in link.cable.hosts else None
+        for cable in cables:
+            end = cable.end(index) if index in cable.hosts else None
             if end and f"rdma_{end.interface}" not in host.rdma_devices:
                 yield f"  {host.target}: no device rdma_{end.interface} in ibv_devices"
+
+
+def _mesh_layout(hosts: list[HostProbe], names: list[str], cables: list[Cable]) -> Layout | None:
+    """4+ Macs with every pair cabled and jaccl possible on one cable per pair: a JACCL
+    mesh in the order given, each node's device towards each rank (MLX's hostfile for
+    jaccl); None when that is not the case (a ring is tried then)."""
+    size = len(hosts)
+    if size < MESH_MIN_HOSTS:
+        return None
+    chosen: dict[frozenset[int], Cable] = {}
+    for cable in sorted(cables, key=lambda c: tuple(e.interface or "" for e in c.ends)):
+        chosen.setdefault(cable.hosts, cable)
+    if len(chosen) < size * (size - 1) // 2 or list(_jaccl_missing(list(chosen.values()), hosts)):
+        return None
+    layout = Layout(list(range(size)), backend="jaccl", cables=cables)
+    layout.reasons = [
+        f"jaccl: a full mesh ({len(chosen)} cables, one per pair of Macs), every Mac has "
+        "RDMA enabled on macOS 26.2+ and an RDMA device on each cable end: each rank "
+        "reaches every other in one hop, what tensor parallel's all-reduce needs",
+    ]
+    mesh = layout.mesh = list(chosen.values())
+    _bridge_steps(layout, hosts, mesh)
+    subnets = addressing.proposed_subnets(hosts)
+    for index in range(size):
+        layout.node_rdma[index] = [
+            "" if peer == index else
+            f"rdma_{chosen[frozenset((index, peer))].end(index).interface}"
+            for peer in range(size)
+        ]
+    for cable in mesh:  # RDMA needs an IPv4 address on each end (preflight checks it)
+        if not cable.addressed:
+            pair = tuple(sorted(cable.hosts))
+            ips = _propose(layout, hosts, names, (pair[0], pair[1]), cable, subnets)
+            layout.proposed.append((cable, ips))
+    _lan_ips(layout, hosts, mesh)
+    return layout
 
 
 def _version(text: str) -> tuple[int, ...]:

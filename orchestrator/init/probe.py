@@ -20,6 +20,7 @@ from orchestrator.transports.base import Completed
 Runner = Callable[[str, list[str]], Awaitable[Completed]]
 
 GIB = 1024**3
+DEFAULT_SSH_PORT = 22
 MAC_COMMANDS = {
     "chip": ["sysctl", "-n", "machdep.cpu.brand_string"],
     "memsize": ["sysctl", "-n", "hw.memsize"],
@@ -76,7 +77,8 @@ class TbPort:
 
 @dataclass
 class HostProbe:
-    target: str  # as given: "me@studio-a.local", "local"
+    target: str  # as given, without a port: "me@studio-a.local", "local"
+    ssh_port: int = DEFAULT_SSH_PORT
     system: str = "unknown"  # "Darwin", "Linux"
     os_name: str = ""
     os_version: str = ""
@@ -90,6 +92,8 @@ class HostProbe:
     rdma_devices: list[str] = field(default_factory=list)  # ibv_devices
     rdma_active: list[str] = field(default_factory=list)  # devices with a PORT_ACTIVE port
     notes: list[str] = field(default_factory=list)  # what could not be probed, and why
+    link_local: dict[str, str] = field(default_factory=dict)  # Linux: iface -> fe80::...
+    neighbours: list[tuple[str, str]] = field(default_factory=list)  # neighbours.py
 
     @property
     def is_mac(self) -> bool:
@@ -179,6 +183,17 @@ async def _probe_linux(host: HostProbe, run: Runner) -> None:
             host.memory_bytes = int(line.split()[1]) * 1024  # kB
     if out["ip_addr"]:
         host.interfaces = addresses.parse_ip_addr_json(out["ip_addr"])
+        host.link_local = _link_local(out["ip_addr"])
+
+
+def _link_local(ip_addr_json: str) -> dict[str, str]:
+    """Each interface's IPv6 link-local address: how neighbours.py finds bare cables."""
+    found: dict[str, str] = {}
+    for link in json.loads(ip_addr_json):
+        for info in link.get("addr_info", []):
+            if info.get("family") == "inet6" and info.get("scope") == "link":
+                found.setdefault(link["ifname"], info["local"])
+    return found
 
 
 async def _probe_python(host: HostProbe, run: Runner, python: str) -> None:

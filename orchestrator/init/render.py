@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from contract.settings import DEFAULT_MODEL
 from orchestrator.init.cables import Cable
 from orchestrator.init.layout import Layout, LinkPlan
-from orchestrator.init.probe import HostProbe
+from orchestrator.init.probe import DEFAULT_SSH_PORT, HostProbe
 
 BOOTSTRAP_VENV = "~/.venvs/mlx-cluster"
 
@@ -66,14 +66,42 @@ def render(hosts: list[HostProbe], names: list[str], layout: Layout, access: Acc
         lines += ["", *node]
     for link in layout.links:
         lines += ["", *_link(link, names)]
+    lines += _proposed_comments(layout, names)
     lines += _command_comments(layout, hosts, names)
+    lines += _instances_comment([names[i] for i in layout.order])
     return "\n".join(lines) + "\n"
+
+
+def _proposed_comments(layout: Layout, names: list[str]) -> list[str]:
+    """A mesh has no [[links]] to hold its cables' addresses: they are said here."""
+    if not layout.proposed:
+        return []
+    lines = ["", "# Addresses proposed for the mesh's cables (RDMA needs one on each end):"]
+    for cable, ips in layout.proposed:
+        a, b = sorted(cable.ends, key=lambda end: end.host)
+        lines.append(f"#   {names[a.host]} {a.interface} {ips[0]}/30 <-> "
+                     f"{names[b.host]} {b.interface} {ips[1]}/30")
+    return lines
+
+
+def _instances_comment(names: list[str]) -> list[str]:
+    """Several models or replicas are [[instances]] (docs/configuration.md); an example,
+    commented out so the file stays one model on every node."""
+    return [
+        "",
+        "# Several models, or replicas of one: an [[instances]] table each, a gang on some of",
+        '# the nodes (docs/configuration.md, "[[instances]]"). For example:',
+        "# [[instances]]",
+        '# name = "chat"',
+        '# model = "hf:mlx-community/Qwen3-4B-4bit"',
+        f"# nodes = [{', '.join(q(n) for n in names[:2])}]",
+    ]
 
 
 def _cable_comments(layout: Layout, names: list[str]) -> list[str]:
     if not layout.cables:
         return ["#", "# No cables found between the hosts."]
-    used = {id(link.cable) for link in layout.links}
+    used = {id(link.cable) for link in layout.links} | {id(cable) for cable in layout.mesh}
     found = ["#", "# Cables found:"]
     for cable in layout.cables:
         found.append(f"#   {describe_cable(cable, names)}"
@@ -109,12 +137,17 @@ def _node(host: HostProbe, name: str, rank: int, layout: Layout, index: int,
             lines.append(f"known_hosts = {q(access.known_hosts)}")
         if access.accept_new_host_keys:
             lines.append("accept_new_host_keys = true")
+        if host.ssh_port != DEFAULT_SSH_PORT:
+            lines.append(f"ssh_port = {host.ssh_port}")
         if access.python:
             lines.append(f"python = {q(access.python)}")
     if index in layout.node_ips:
         why = "LAN address: JACCL's coordinator" if layout.backend == "jaccl" else \
             "its address on the network the ranks share"
         lines.append(f"ip = {q(layout.node_ips[index])}   # {why}")
+    if index in layout.node_rdma:
+        devices = ", ".join(q(d) for d in layout.node_rdma[index])
+        lines.append(f"rdma = [{devices}]   # towards each rank, \"\" at its own")
     memory = host.usable_memory_gb()
     if memory:
         lines.append(f"memory_gb = {memory:g}   # {memory_source(host)}")
@@ -181,7 +214,7 @@ def _link(link: LinkPlan, names: list[str]) -> list[str]:
 def _command_comments(layout: Layout, hosts: list[HostProbe], names: list[str]) -> list[str]:
     if not layout.commands:
         return []
-    lines = ["", "# Before `orchestrator up`, run on each host (init changed nothing):"]
+    lines = ["", "# Before `orchestrator up`, run on each host (or `init --apply`):"]
     for index, commands in layout.commands.items():
         lines.append(f"#   on {names[index]} ({hosts[index].target}):")
         lines += [f"#     {command}" for command in commands]

@@ -1,8 +1,10 @@
-"""`orchestrator init` on namespace hosts with their own sshd: a switch and a cabled ring."""
+"""`orchestrator init` on namespace hosts with their own sshd: a switch, a cabled ring, and
+a ring cabled but not addressed (`--apply`)."""
 
 from __future__ import annotations
 
 import getpass
+import json
 import sys
 import tomllib
 from pathlib import Path
@@ -12,18 +14,18 @@ import httpx
 import pytest
 import tomli_w
 
-from testkit.netns import HostsFactory, MultiHost
+from testkit.netns import IP, HostsFactory, MultiHost
 from testkit.orchestrator_process import gateway_status, run_cli, running
 from testkit.ports import free_port, free_port_block
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-def init(net: MultiHost, output: Path) -> dict[str, Any]:
+def init(net: MultiHost, output: Path, *options: str) -> dict[str, Any]:
     """`orchestrator init` of every host over SSH, as the docs say to run it."""
     targets = [f"{getpass.getuser()}@{host.mgmt_ip}" for host in net.hosts]
     done = run_cli("init", *targets, "-o", str(output), "--identity-file", str(net.user_key),
-                   "--known-hosts", str(net.known_hosts), "--python", sys.executable)
+                   "--known-hosts", str(net.known_hosts), "--python", sys.executable, *options)
     assert done.returncode == 0, done.stderr
     assert run_cli("validate", str(output)).returncode == 0
     return tomllib.loads(output.read_text())
@@ -81,3 +83,60 @@ def test_init_on_a_cabled_ring_finds_the_cables_and_serves(
         assert run_cli("down", str(config)).returncode == 0
         assert orchestrator.wait_exit() == 0
     assert net.only_sshd_left()
+
+
+def interfaces(net: MultiHost) -> list[list[tuple[Any, ...]]]:
+    """Each host's interfaces: name, whether set up (not the carrier, which settles on its
+    own) and IPv4 addresses: what --apply changes."""
+    found = []
+    for host in net.hosts:
+        links = json.loads(host.run([IP, "-j", "addr", "show"]).stdout)
+        found.append(sorted(
+            (link["ifname"], "UP" in link["flags"], sorted(
+                f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                if a["family"] == "inet"))
+            for link in links))
+    return found
+
+
+# Sends a UDP datagram to argv[1] and waits: the far end's kernel answers "port unreachable"
+# (ConnectionRefusedError) only if IPv4 reaches it over the cable.
+REACHES = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+s.connect((sys.argv[1], 9))
+s.send(b"x")
+try:
+    s.recv(1)
+except ConnectionRefusedError:
+    print("reached")
+"""
+
+
+def reaches(net: MultiHost, host: int, address: str) -> bool:
+    done = net.hosts[host].run([sys.executable, "-c", REACHES, address])
+    return done.stdout.strip() == "reached"
+
+
+def test_init_apply_addresses_a_bare_ring_and_without_it_changes_nothing(
+    netns_hosts: HostsFactory, tmp_path: Path
+) -> None:
+    """3 hosts cabled in a ring with no IPv4 on the cables: init finds the cables from
+    their link-local neighbours and proposes a /30 each, changing nothing; with --apply
+    the /30s are set, the file written after a second probe validates with them, and each
+    cable carries IPv4 from end to end."""
+    net = netns_hosts(3, "bare-ring")
+    before = interfaces(net)
+    proposed = init(net, tmp_path / "proposed.toml")
+    assert interfaces(net) == before
+    assert "# proposed: give the ports these addresses" in (tmp_path / "proposed.toml").read_text()
+    applied = init(net, tmp_path / "cluster.toml", "--apply")
+    assert "proposed" not in (tmp_path / "cluster.toml").read_text()
+    assert applied["links"] == proposed["links"]
+    assert [tuple(link["between"]) for link in applied["links"]] == [
+        ("node1", "node2"), ("node2", "node3"), ("node3", "node1")]
+    for link in applied["links"]:
+        a, b = (int(name.removeprefix("node")) - 1 for name in link["between"])
+        assert reaches(net, a, link["ips"][1]) and reaches(net, b, link["ips"][0])
+    assert interfaces(net) != before

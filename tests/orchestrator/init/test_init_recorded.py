@@ -128,3 +128,66 @@ def test_node_names_come_from_the_hosts() -> None:
     """Host names lose user and domain; an address becomes node<N>; duplicates differ."""
     assert node_names(["me@studio-a.local", "10.1.0.11", "studio-a.lan", "me@[::1]"]) == [
         "studio-a", "node2", "studio-a-2", "node4"]
+
+
+QUAD = {f"studio-{k}": f"me@studio-{k}.local" for k in "abcd"}
+
+
+def test_four_studios_in_a_full_tb5_mesh_get_a_jaccl_mesh() -> None:
+    """6 TB5 cables, one per pair, RDMA on all four: jaccl with each node's device towards
+    every rank (no [[links]]: a mesh), LAN ips, and a /30 proposed for every cable."""
+    data, text, commands = init("studio-quad-tb5-mesh-rdma", QUAD)
+    assert data["cluster"]["backend"] == "jaccl" and "links" not in data
+    assert [n["rdma"] for n in data["nodes"]] == [  # the file's "" is None once loaded
+        [None, "rdma_en2", "rdma_en3", "rdma_en4"], ["rdma_en2", None, "rdma_en3", "rdma_en4"],
+        ["rdma_en2", "rdma_en3", None, "rdma_en4"], ["rdma_en2", "rdma_en3", "rdma_en4", None]]
+    assert [n["ip"] for n in data["nodes"]] == ["10.1.0.10", "10.1.0.11", "10.1.0.12",
+                                                 "10.1.0.13"]
+    assert "a full mesh (6 cables, one per pair of Macs)" in text
+    assert "not used" not in text
+    setmanual = [c for host in commands.values() for c in host if "-setmanual" in c]
+    assert len(setmanual) == 12  # both ends of 6 cables
+    assert "#   studio-c en4 10.10.6.1/30 <-> studio-d en4 10.10.6.2/30" in text
+
+
+def test_four_studios_in_a_ring_get_a_jaccl_ring_and_the_reason_it_is_no_mesh() -> None:
+    """4 cables in a ring (4 of 6 pairs), RDMA on: JACCL's ring mode over [[links]], the
+    comment saying it is no mesh and that tensor all-reduces go round in steps (pipeline
+    or cabling every pair the way out)."""
+    data, text, commands = init("studio-quad-tb5-ring-rdma", QUAD)
+    assert data["cluster"]["backend"] == "jaccl"
+    assert [tuple(k["between"]) for k in data["links"]] == [
+        ("studio-a", "studio-b"), ("studio-b", "studio-c"), ("studio-c", "studio-d"),
+        ("studio-d", "studio-a")]
+    assert all(k["rdma"] == ["rdma_en2", "rdma_en3"] for k in data["links"])
+    assert all("rdma" not in n for n in data["nodes"])
+    flat = " ".join(line.lstrip("# ").strip() for line in text.splitlines())
+    assert "not a full mesh (4 of the 6 pairs of Macs cabled)" in flat
+    assert 'parallel = "pipeline"' in flat
+    assert commands == {}
+
+
+def test_the_file_suggests_instances_and_the_example_validates() -> None:
+    """A commented [[instances]] example points to configuration.md; uncommented, it is a
+    valid file too."""
+    data, text, _ = init("studio-pair-tb5-rdma", {k: STUDIOS[k] for k in ("studio-a",
+                                                                            "studio-b")})
+    assert "instances" not in data and '"[[instances]]"' in text
+    start = text.index("# [[instances]]")
+    example = "\n".join(line.removeprefix("# ") for line in text[start:].splitlines())
+    uncommented = tomllib.loads(text[:start] + example)
+    check_cluster_data(uncommented, Path("cluster.toml"))
+    assert uncommented["instances"][0]["nodes"] == ["studio-a", "studio-b"]
+
+
+def test_an_ssh_port_given_with_the_host_is_the_nodes_ssh_port() -> None:
+    """me@studio-b.local:2222 probed: ssh_port = 2222 on that node only, the file valid."""
+    hosts = recorded_hosts("studio-pair-tb5-rdma", {k: STUDIOS[k] for k in ("studio-a",
+                                                                              "studio-b")})
+    hosts[1].ssh_port = 2222
+    names = ["studio-a", "studio-b"]
+    text = render(hosts, names, plan_layout(hosts, names), NO_OPTIONS, "c", None)
+    data = tomllib.loads(text)
+    check_cluster_data(data, Path("cluster.toml"))
+    assert ["ssh_port" in n for n in data["nodes"]] == [False, True]
+    assert data["nodes"][1]["ssh_port"] == 2222 and data["nodes"][1]["ssh"] == STUDIOS["studio-b"]
