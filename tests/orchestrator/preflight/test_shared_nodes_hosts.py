@@ -56,7 +56,7 @@ def test_two_instances_on_one_host_that_holds_one_are_refused_with_the_numbers(
     data = tomllib.loads(config.read_text())
     data["instances"] = _instances(str(tiny_model_dir))
     config.write_text(tomli_w.dumps(data))
-    result = run_cli("up", str(config), timeout=60)
+    result = run_cli("up", str(config), timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     assert "instances sharing a node do not fit together" in output, output
