@@ -7,7 +7,7 @@ records why under `NodeFingerprint.unavailable[<probe>]`, never a crash.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import msgspec
@@ -193,3 +193,14 @@ def ranks_on_machine(fingerprints: Mapping[str, NodeFingerprint]) -> dict[str, i
     so share its cores and memory (network namespaces or containers of one machine)."""
     counts = Counter(fp.boot_id for fp in fingerprints.values() if fp.boot_id)
     return {name: counts[fp.boot_id] for name, fp in fingerprints.items() if fp.boot_id}
+
+
+def ranks_per_machine(
+    rank_nodes: Iterable[str], fingerprints: Mapping[str, NodeFingerprint]
+) -> dict[str, int]:
+    """For each node whose boot_id is known, how many of these ranks (one node name per
+    rank, of every instance of an `up`) run on its kernel: two one-rank replicas on one
+    machine split its cores as two ranks of one gang do."""
+    boot = {name: fp.boot_id for name, fp in fingerprints.items() if fp.boot_id}
+    counts = Counter(boot[node] for node in rank_nodes if node in boot)
+    return {name: counts[machine] for name, machine in boot.items() if counts[machine]}

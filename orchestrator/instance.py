@@ -63,6 +63,9 @@ class Instance:
         self.placement: Placement | None = None  # decided at preflight, kept for relaunches
         self.fingerprints: dict[str, NodeFingerprint] = {}
         self.adopted = False
+        # Ranks per node's machine over every instance of the `up` (set once all are
+        # prepared): replicas on one machine split its cores (serving/blas.py).
+        self.machine_ranks: dict[str, int] | None = None
         # Whether this `up` holds the instance's state: it adopted the running gang or
         # ended any earlier one. Before that, the state file and launch secret are the
         # previous run's, which a later `up` needs to adopt its orphaned gang.
@@ -177,7 +180,7 @@ class Instance:
         """A gang on every node; or, given `spec` and `placement`, on fewer (a re-plan)."""
         spec, placement = (spec, placement) if spec else (self.spec, self.placement)
         fingerprints = self.pool.fingerprints()
-        plan = build_plan(spec, new_launch_id(), fingerprints, placement)
+        plan = build_plan(spec, new_launch_id(), fingerprints, placement, self.machine_ranks)
         thinking_key.give_to_rank0(
             plan, thinking_key.ensure(self.spec.state_dir, self.spec.cluster.name))
         return Gang(plan, self.pool, launch_record(spec, plan, fingerprints))

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from contract.fingerprint import ranks_per_machine
 from contract.http_limits import raise_file_limit, server_options
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
@@ -145,6 +146,12 @@ class Service:
             log.error("preflight failed: instances sharing a node do not fit together, "
                       "nothing was launched:\n%s", report)
             return False
+        if self.several:  # replicas on one machine split its cores, as one gang's ranks do
+            known = {k: v for i in self.instances for k, v in i.pool.fingerprints().items()}
+            sharing = ranks_per_machine(
+                [n.name for i in self.instances for n in i.spec.nodes], known)
+            for instance in self.instances:
+                instance.machine_ranks = sharing
         return True
 
     def _gateway_parts(self) -> tuple[ClusterView, ModelRouter | None]:

@@ -70,10 +70,12 @@ def build_plan(
     launch_id: str,
     fingerprints: Mapping[str, NodeFingerprint] | None = None,
     placement: Placement | None = None,
+    sharing: Mapping[str, int] | None = None,
 ) -> LaunchPlan:
     """`fingerprints`: the nodes' latest, where taken (they tell which share a machine);
-    `placement`: the split preflight decided (orchestrator/placement/)."""
-    sharing = ranks_on_machine(fingerprints or {})
+    `placement`: the split preflight decided (orchestrator/placement/); `sharing`: ranks
+    per node's machine counted over every instance of the `up` (else this gang's)."""
+    sharing = sharing if sharing is not None else ranks_on_machine(fingerprints or {})
     tls = spec.nodes[0].transport != "local"  # rank 0 is reached over the network
     settings = RankSettings(
         model=spec.model,

@@ -45,15 +45,20 @@ def shared_memory_failures(
         total = sum(size for _, _, size in users)
         if budget is None or total <= budget:
             continue
-        parts = " + ".join(f"{name} {size / GIB:.1f} GiB" for name, _, size in users)
+        parts = " + ".join(f"{name} {_size(size)}" for name, _, size in users)
         failures.append(PreflightFailure(
             ", ".join(nodes), "memory",
-            f"the instances sharing it need {parts} = {total / GIB:.1f} GiB (weights and "
-            f"KV), more than the {budget / GIB:.1f} GiB it may use",
+            f"the instances sharing it need {parts} = {_size(total)} (weights and "
+            f"KV), more than the {_size(budget)} it may use",
             "move an instance to other nodes ([[instances]] nodes), serve a smaller model "
             "or a lower context_length, or free memory",
         ))
     return failures
+
+
+def _size(size: float) -> str:
+    """GiB to a tenth; a small model's share in MiB (0.0 GiB would hide the numbers)."""
+    return f"{size / GIB:.1f} GiB" if size >= GIB else f"{size / 1024**2:.1f} MiB"
 
 
 def _machine(node: str, fingerprint: NodeFingerprint | None) -> str:

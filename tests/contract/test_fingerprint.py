@@ -15,6 +15,7 @@ from contract.fingerprint import (
     RdmaDevice,
     RdmaPort,
     ranks_on_machine,
+    ranks_per_machine,
 )
 
 GIB = 1024**3
@@ -103,3 +104,13 @@ def test_a_fingerprint_crosses_the_wire_unchanged() -> None:
     )
     message = decode_agent_message(encode(FingerprintResult(id=4, fingerprint=fp)))
     assert message == FingerprintResult(id=4, fingerprint=fp)
+
+
+def test_ranks_of_every_instance_on_one_machine_are_counted_together() -> None:
+    """Two one-rank replicas on nodes of one kernel: 2 ranks there; a node carrying ranks
+    of two instances counts both; a machine no rank uses is left out."""
+    prints = {"r0": node(boot_id="k1"), "r1": node(boot_id="k1"), "far": node(boot_id="k2"),
+              "idle": node(boot_id="k3"), "mac": node("Darwin")}
+    assert ranks_per_machine(["r0", "r1"], prints) == {"r0": 2, "r1": 2}
+    assert ranks_per_machine(["r0", "r0", "far", "mac"], prints) == {
+        "r0": 2, "r1": 2, "far": 1}

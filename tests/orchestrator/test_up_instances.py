@@ -17,6 +17,7 @@ import pytest
 import tomli_w
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract.blas import find_openblas
 from testkit.orchestrator_process import (
     Orchestrator,
     gateway_status,
@@ -138,7 +139,8 @@ def test_requests_go_to_the_replica_with_least_work(cluster: Cluster) -> None:
 
 def test_status_and_metrics_show_every_instance(cluster: Cluster) -> None:
     """`status --json` lists each instance (model, nodes, ranks, mode, state, restarts);
-    /metrics labels the orchestrator's series with model_instance; /health names them."""
+    /metrics labels the orchestrator's series with model_instance; /health names them;
+    the ranks of every instance on this machine split its cores for BLAS."""
     result = run_cli("status", str(cluster.config), "--json")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
@@ -152,6 +154,10 @@ def test_status_and_metrics_show_every_instance(cluster: Cluster) -> None:
               if f.name == "orchestrator_state" for s in f.samples}
     assert states == {"big-a", "big-b", "small"}
     assert httpx.get(f"{cluster.url}/health").status_code == 200
+    if find_openblas():  # replicas on one machine split its cores: 3 ranks, 2 cores here
+        blas = [line for line in cluster.orchestrator.output if "BLAS: OpenBLAS" in line]
+        expected = f", {max(1, len(os.sched_getaffinity(0)) // 3)} threads"
+        assert len(blas) == 3 and all(line.endswith(expected) for line in blas), blas
 
 
 def test_a_replica_killed_under_load_loses_no_request(cluster: Cluster) -> None:

@@ -1,0 +1,309 @@
+"""Benchmark: one replica vs two replicas (`[[instances]]`) vs mlx_lm.server, and failover.
+
+    /work/coord/bin/heavy .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
+                                                   [--tokens 64] [--kills 3]
+
+One run, three servers up side by side on the same model (the bundled SmolLM2, float32
+with OpenBLAS as the ranks serve it) on this machine:
+
+- `one`: a real `orchestrator up` of one instance on one local node;
+- `two`: a real `orchestrator up` of two `[[instances]]` of the same model id (replicas)
+  on two local nodes, one rank each, behind one gateway;
+- `mlx_lm.server`: `python -m mlx_lm.server` on the same model directory, OpenBLAS
+  preloaded with as many threads as this process may use cores (bench/serving.py).
+
+Per level (concurrent streams) and round, each server in turn (the order rotating from
+round to round, so a moment's load on this shared machine weighs on all alike) gets
+`level` streamed chats at once (greedy, `--tokens` each, distinct prompts of one length);
+its rate is generated tokens (the usage each stream reports) / wall time, first send to
+last end. Per level: each server's median, two / one and two / mlx_lm.server (median of
+the rounds' ratios). Targets (issue 40): two / one >= 1.6 and two / mlx_lm.server >= 1.2
+at 8 streams.
+
+Failover, on `two` after the rates (`--kills` times, the replica killed alternating): 4
+streamed chats are sent at once (least work puts 2 on each replica), the rank of one
+replica is SIGKILLed the moment they are sent, and 4 more are sent right after the kill
+(the gateway has not seen it yet, so about half go to the dead replica: connection
+refused). Per kill: the time from the kill to the last of the 8 streams' first token
+(every request of the dead replica served by the other), the same figure for a control
+burst without a kill, failed requests, when the gateway's /status showed the replica not
+ready and when it was ready again. Target: served within 2 s of the kill.
+
+Figures go to bench/results/instances-<timestamp>.json, with the BLAS threads each rank
+reported and the orchestrators' logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.serving import mlx_lm_server  # noqa: E402
+from contract.blas import find_openblas  # noqa: E402
+from contract.settings import ModelSettings, RankSettings  # noqa: E402
+from orchestrator.loadgen.streams import StreamTimes, chat_body, concurrent_streams  # noqa: E402
+from serving.model.loading import resolve  # noqa: E402
+from testkit.orchestrator_process import (  # noqa: E402
+    Orchestrator,
+    gateway_status,
+    running,
+    write_cluster,
+)
+from testkit.ports import free_port_block  # noqa: E402
+from testkit.waiting import wait_until  # noqa: E402
+
+BUNDLED = "bundled:smollm2-135m-instruct"
+MODEL_ID = "smollm2"
+SERVERS = ("one", "two", "mlx_lm.server")
+STORY = "Story {serial:06d}: write a long tale about a lighthouse keeper and a storm."
+FAILOVER_BURST = 4  # streams sent before the kill, and again right after it
+
+
+def write_instances(tmp: Path, name: str, replicas: int) -> tuple[Path, str]:
+    """`replicas` one-rank instances of the bundled model on local nodes r0..; returns
+    (cluster.toml, the gateway's URL)."""
+    tmp.mkdir(parents=True)
+    nodes = [{"name": f"r{i}", "transport": "local", "ip": "127.0.0.1"}
+             for i in range(replicas)]
+    config = write_cluster(
+        tmp, BUNDLED, nodes,
+        cluster={"name": name, "rank_port": free_port_block(replicas)},
+        serving={"rank_api_port": free_port_block(replicas), "max_batch_size": 8,
+                 "keepalive_s": 30.0},
+        supervisor={"standby_ranks": False, "backoff_initial_s": 0.2, "max_restarts": 50},
+    )
+    data = tomllib.loads(config.read_text())
+    data["instances"] = [{"name": f"{name}-{i}", "model": BUNDLED, "id": MODEL_ID,
+                          "nodes": [f"r{i}"]} for i in range(replicas)]
+    config.write_text(tomli_w.dumps(data))
+    return config, f"http://{data['api']['host']}:{data['api']['port']}"
+
+
+def instances(url: str) -> dict[str, dict[str, Any]]:
+    return {i["name"]: i for i in gateway_status(url).get("instances", [])}
+
+
+def all_ready(url: str, count: int) -> bool:
+    found = instances(url)
+    return len(found) == count and all(i["state"] == "ready" for i in found.values())
+
+
+@contextlib.contextmanager
+def ours(tmp: Path, name: str, replicas: int) -> Iterator[tuple[str, Orchestrator]]:
+    config, url = write_instances(tmp / name, name, replicas)
+    with running(config, url=url) as orchestrator:
+        wait_until(lambda: all_ready(url, replicas), 600, f"{name}: every instance ready")
+        yield url, orchestrator
+
+
+def rate(url: str, model: str, level: int, tokens: int, serials: Iterator[int]) -> float:
+    """Generated tokens per second of `level` concurrent streams, first send to last end."""
+    bodies = [chat_body(model, STORY.format(serial=next(serials)), tokens, usage=True)
+              for _ in range(level)]
+    times, wall = concurrent_streams(url, bodies, timeout_s=600)
+    if failed := [t.error for t in times if t.error]:
+        raise RuntimeError(f"{len(failed)} of {level} streams to {url} failed: {failed[0]}")
+    return sum(t.tokens for t in times) / wall
+
+
+def measure_rates(
+    servers: dict[str, tuple[str, str]], args: argparse.Namespace
+) -> dict[int, dict[str, list[float]]]:
+    """{level: {server: tokens/s per round}}, the servers' order rotating per round."""
+    serials = iter(range(10**6))
+    for url, model in servers.values():  # warm-up: compile, allocate, connect
+        rate(url, model, 2, 8, serials)
+    rates: dict[int, dict[str, list[float]]] = {}
+    turn = 0
+    for level in args.levels:
+        rates[level] = {name: [] for name in servers}
+        for round_ in range(args.rounds):
+            turn += 1
+            order = list(servers)[turn % 3:] + list(servers)[:turn % 3]
+            for name in order:
+                url, model = servers[name]
+                rates[level][name].append(rate(url, model, level, args.tokens, serials))
+            print(f"  {level} streams, round {round_}: " + ", ".join(
+                f"{n} {rates[level][n][-1]:.1f}" for n in servers) + " tok/s", flush=True)
+    return rates
+
+
+def ratio(rates: dict[str, list[float]], a: str, b: str) -> float:
+    return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+
+def rate_summary(rates: dict[int, dict[str, list[float]]]) -> dict[str, Any]:
+    return {str(level): {**{f"{n}_tok_s": statistics.median(r) for n, r in by.items()},
+                         "two_over_one": ratio(by, "two", "one"),
+                         "two_over_mlx_lm": ratio(by, "two", "mlx_lm.server")}
+            for level, by in rates.items()}
+
+
+class StatusWatch:
+    """Polls the gateway's /status every 50 ms: when `name` left ready, and came back."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url, name
+        self.left: float | None = None
+        self.back: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            state = instances(self.url).get(self.name, {}).get("state")
+            now = time.perf_counter()
+            if self.left is None and state not in (None, "ready"):
+                self.left = now
+            elif self.left is not None and self.back is None and state == "ready":
+                self.back = now
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def burst_pair(
+    url: str, tokens: int, serials: Iterator[int], victim_pid: int | None
+) -> tuple[float, list[StreamTimes]]:
+    """FAILOVER_BURST streams, the kill (if any) the moment they are sent, then as many
+    more; returns (the kill's perf_counter time, or the first send's, and every stream)."""
+    results: list[list[StreamTimes]] = []
+
+    def send() -> None:
+        bodies = [chat_body(MODEL_ID, STORY.format(serial=next(serials)), tokens)
+                  for _ in range(FAILOVER_BURST)]
+        results.append(concurrent_streams(url, bodies, timeout_s=120)[0])
+
+    first = threading.Thread(target=send)
+    first.start()
+    time.sleep(0.02)  # sent, not yet answered: prefill of 4 prompts takes longer
+    t0 = time.perf_counter()
+    if victim_pid is not None:
+        os.kill(victim_pid, signal.SIGKILL)
+    send()
+    first.join()
+    return t0, [t for burst in results for t in burst]
+
+
+def served_after(t0: float, times: list[StreamTimes]) -> float | None:
+    """Seconds from t0 to the last stream's first token (None: one had none)."""
+    firsts = [t.arrivals[0] for t in times if t.arrivals]
+    return max(firsts) - t0 if len(firsts) == len(times) else None
+
+
+def measure_failover(url: str, orchestrator: Orchestrator, args: argparse.Namespace,
+                     ) -> list[dict[str, Any]]:
+    """Per kill: a control burst pair, then the same with one replica's rank killed."""
+    serials = iter(range(2 * 10**6, 3 * 10**6))
+    runs = []
+    for kill in range(args.kills):
+        wait_until(lambda: all_ready(url, 2), 300, "both replicas ready")
+        time.sleep(1.0)
+        c0, control = burst_pair(url, args.failover_tokens, serials, None)
+        name = sorted(instances(url))[kill % 2]
+        pid = instances(url)[name]["ranks"][0]["pid"]
+        watch = StatusWatch(url, name)
+        t0, times = burst_pair(url, args.failover_tokens, serials, pid)
+        wait_until(lambda w=watch: w.back is not None, 300, f"{name} ready again")
+        watch.stop()
+        run = {
+            "killed": name, "served_s": served_after(t0, times),
+            "control_served_s": served_after(c0, control),
+            "failed": [t.error for t in times if t.error],
+            "control_failed": [t.error for t in control if t.error],
+            "status_not_ready_s": None if watch.left is None else watch.left - t0,
+            "ready_again_s": None if watch.back is None else watch.back - t0,
+        }
+        runs.append(run)
+        print(f"  kill {kill} ({name}): served {run['served_s']} s after the kill "
+              f"(control {run['control_served_s']}), failed {len(run['failed'])}, "
+              f"not ready after {run['status_not_ready_s']}, back after "
+              f"{run['ready_again_s']}", flush=True)
+    return runs
+
+
+def blas_threads(orchestrator: Orchestrator) -> list[str]:
+    return [line for line in orchestrator.output if "BLAS:" in line]
+
+
+def failover_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    served = [r["served_s"] for r in runs if r["served_s"] is not None]
+    control = [r["control_served_s"] for r in runs if r["control_served_s"] is not None]
+    return {"served_s_median": statistics.median(served) if served else None,
+            "served_s_max": max(served) if served else None,
+            "control_served_s_median": statistics.median(control) if control else None,
+            "failed_requests": sum(len(r["failed"]) for r in runs),
+            "kills": len(runs)}
+
+
+def print_summary(rates: dict[str, Any], failover: dict[str, Any] | None) -> None:
+    print("\nstreams | one | two | mlx_lm.server (tok/s) | two/one | two/mlx_lm "
+          "(targets at 8: >= 1.6, >= 1.2)")
+    for level, row in rates.items():
+        print(f"{level} | {row['one_tok_s']:.1f} | {row['two_tok_s']:.1f} | "
+              f"{row['mlx_lm.server_tok_s']:.1f} | {row['two_over_one']:.2f}x | "
+              f"{row['two_over_mlx_lm']:.2f}x")
+    if failover:
+        print(f"failover: last first token {failover['served_s_median']} s after the kill "
+              f"(median; max {failover['served_s_max']}; control without a kill "
+              f"{failover['control_served_s_median']}), {failover['failed_requests']} "
+              f"requests failed over {failover['kills']} kills (target <= 2 s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64, help="max_tokens per stream")
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--failover-tokens", type=int, default=16)
+    args = parser.parse_args()
+    model_dir = resolve(RankSettings(model=ModelSettings(path=BUNDLED)),
+                        float32=find_openblas() is not None)  # as the ranks serve it
+    logs: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="instances-bench-") as tmp, \
+            contextlib.ExitStack() as stack:
+        one_url, one = stack.enter_context(ours(Path(tmp), "inst-one", 1))
+        two_url, two = stack.enter_context(ours(Path(tmp), "inst-two", 2))
+        mlx_url = stack.enter_context(mlx_lm_server(model_dir, 1, Path(tmp) / "mlx"))
+        servers = {"one": (one_url, MODEL_ID), "two": (two_url, MODEL_ID),
+                   "mlx_lm.server": (mlx_url, str(model_dir))}
+        rates = rate_summary(raw := measure_rates(servers, args))
+        runs = measure_failover(two_url, two, args) if args.kills else []
+        logs = {"one": one.output, "two": two.output}
+        blas = {"one": blas_threads(one), "two": blas_threads(two)}
+    failover = failover_summary(runs) if runs else None
+    print_summary(rates, failover)
+    out = REPO / "bench" / "results" / f"instances-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"model_dir": str(model_dir), "blas": find_openblas(), "cpu_count": os.cpu_count(),
+            "mlx_lm_openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+            **vars(args)}
+    out.write_text(json.dumps({"meta": meta, "rates": rates, "raw_rates": raw,
+                               "failover": failover, "failover_runs": runs,
+                               "blas_lines": blas, "logs": logs}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
