@@ -11,10 +11,15 @@ fresh cluster of the bundled model, through rank 0's API, in this order:
    token) and decode tokens/s at that context.
 
 Target (issue 41): decode at 8,000 tokens of context >= 0.9x unquantized. Also printed:
-the KV bytes per token by configuration and how many full-context (8,192-token)
-sequences fit in 1 GB of KV. Figures to bench/results/kv-cache-<timestamp>.json.
+the KV bytes per token by configuration, how many full-context (8,192-token) sequences
+fit in 1 GB of KV, and how many of the memory phase's sequences (1,500 + 16 tokens) fit
+`--budget-gb`: as admission counts them (bench/kv_fit.py's arithmetic, float32 as served
+here) and from the measured peak RSS growth per sequence. Figures to
+bench/results/kv-cache-<timestamp>.json, rewritten after each configuration (a run cut
+short keeps what it measured).
 
-    /work/coord/bin/heavy .venv/bin/python bench/kv_cache.py [--ranks 1 2]
+    /work/coord/bin/heavy .venv/bin/python bench/kv_cache.py [--ranks 1 2] [--long-tokens 7900]
+        [--short-tokens 64] [--short-repeats 2] [--long-decode 48] [--budget-gb 1]
 """
 
 from __future__ import annotations
@@ -34,10 +39,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from contract.blas import find_openblas  # noqa: E402
+from contract.model_config import config_info  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
 from orchestrator.loadgen.streams import StreamTimes, chat_body, concurrent_streams  # noqa: E402
 from serving.model.loading import resolve  # noqa: E402
 from testkit.rank_cluster import RankCluster, rank_cluster  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from kv_fit import fitting  # noqa: E402
 
 GPL = Path("/usr/share/common-licenses/GPL-3")
 BITS = (None, 8, 4)
@@ -72,7 +81,7 @@ def slices(text: str, tokenizer: Any, count: int, tokens: int) -> list[str]:
 
 
 def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, Any],
-            work: Path) -> dict[str, Any]:
+            work: Path, args: argparse.Namespace) -> dict[str, Any]:
     serving: dict[str, Any] = {"max_batch_size": 8, "prompt_cache_size": 0,
                                "max_tokens_limit": 8192}
     if bits:
@@ -91,18 +100,28 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
         row.update(peak_rss_loaded=loaded, peak_rss_under_load=after,
                    peak_rss_growth=[b - a for a, b in zip(loaded, after, strict=True)],
                    eight_prompts_wall_s=round(wall, 2))
+        progress(f"{ranks}r kv_bits {bits}: 8 prompts in {wall:.0f} s")
         with httpx.Client(timeout=3600) as client:
-            short = [concurrent_streams(url, [chat_body("m", prompts["short"], 64)],
-                                        client=client)[0][0] for _ in range(2)]
+            short = [concurrent_streams(url, [chat_body("m", prompts["short"],
+                                                        args.short_tokens)],
+                                        client=client)[0][0]
+                     for _ in range(args.short_repeats)]
             row["decode_tps_short"] = statistics.median(decode_tps(s) for s in short)
-            long_body = chat_body("m", prompts["long"], 48, usage=True)
+            progress(f"{ranks}r kv_bits {bits}: short decode {row['decode_tps_short']:.1f}")
+            long_body = chat_body("m", prompts["long"], args.long_decode, usage=True)
             (long,), _ = concurrent_streams(url, [long_body], client=client)
         if long.error or long.ttft_s is None:
             raise RuntimeError(long.error)
         row.update(long_prompt_tokens=long.prompt_tokens,
                    prefill_tps=(long.prompt_tokens or 0) / long.ttft_s,
-                   decode_tps_long=decode_tps(long))
+                   decode_tps_long=decode_tps(long), long_ttft_s=round(long.ttft_s, 2))
+    progress(f"{ranks}r kv_bits {bits}: long prompt {long.prompt_tokens} tokens read in "
+             f"{long.ttft_s:.0f} s")
     return row
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def kv_bytes_per_token(config: dict[str, Any], bits: int | None, group: int = 64) -> float:
@@ -119,6 +138,10 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--long-tokens", type=int, default=7900)
     parser.add_argument("--model", default="bundled:smollm2-135m-instruct")
+    parser.add_argument("--short-tokens", type=int, default=64)
+    parser.add_argument("--short-repeats", type=int, default=2)
+    parser.add_argument("--long-decode", type=int, default=48)
+    parser.add_argument("--budget-gb", type=float, default=1.0)
     args = parser.parse_args()
     model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
                         float32=find_openblas() is not None)
@@ -131,8 +154,17 @@ def main() -> None:
                "long": slices(text * 2, tokenizer, 1, args.long_tokens)[0]
                + "\nSummarize this."}
     work = REPO / "bench" / "results" / f"kv-cache-work-{os.getpid()}"
-    rows = [run_one(model_dir, r, b, prompts, work) for r in args.ranks for b in BITS]
+    out = REPO / "bench" / "results" / f"kv-cache-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"argv": sys.argv, "cpus": os.cpu_count(), "started": time.strftime("%F %T")}
+    rows: list[dict[str, Any]] = []
+    for r in args.ranks:
+        for b in BITS:
+            rows.append(run_one(model_dir, r, b, prompts, work, args))
+            out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     config = json.loads((model_dir / "config.json").read_text())
+    info = config_info(config)
+    budget = int(args.budget_gb * 1e9)
     for row in rows:
         base = next(x for x in rows if x["ranks"] == row["ranks"] and x["kv_bits"] is None)
         for key in ("decode_tps_short", "decode_tps_long", "prefill_tps"):
@@ -142,6 +174,11 @@ def main() -> None:
         per_token = kv_bytes_per_token(config, row["kv_bits"])
         row["kv_bytes_per_token_16bit_mac"] = per_token
         row["full_context_sequences_per_gb"] = int(1e9 // (per_token * CONTEXT))
+        row["fit_budget_gb"] = args.budget_gb
+        row["fit_admission_1500_16"] = fitting(info, row["ranks"], row["kv_bits"], 1516,
+                                               budget, element_bytes=4)
+        per_seq = max(row["peak_rss_growth"]) / 8
+        row["fit_measured_1500_16"] = int(budget // per_seq) if per_seq > 0 else None
         print(f"{row['ranks']} rank(s) kv_bits {row['kv_bits'] or '-':>2}: decode short "
               f"{row['decode_tps_short']:.1f} tok/s (x{row['decode_tps_short_ratio']:.2f}), "
               f"at {row['long_prompt_tokens']} tokens {row['decode_tps_long']:.1f} tok/s "
@@ -149,10 +186,10 @@ def main() -> None:
               f"tok/s (x{row['prefill_tps_ratio']:.2f}); peak RSS under 8x1500 "
               f"{[round(x / 2**20) for x in row['peak_rss_under_load']]} MiB, growth "
               f"{[round(x / 2**20) for x in row['peak_rss_growth']]} MiB; "
-              f"{row['full_context_sequences_per_gb']} full-context sequences per GB")
-    out = REPO / "bench" / "results" / f"kv-cache-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=2))
+              f"{row['full_context_sequences_per_gb']} full-context sequences per GB; "
+              f"1500+16 in {args.budget_gb} GB: {row['fit_admission_1500_16']} (admission), "
+              f"{row['fit_measured_1500_16']} (measured growth)")
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"figures: {out}")
 
 
