@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     command("validate", "check a cluster.toml and summarize it", _validate)
-    plan_help = "probe the nodes and print the launch plan (placement, ranks, ports, env)"
+    plan_help = ("probe the nodes (--offline: none) and print the launch plan (placement, "
+                 "ranks, ports, env)")
     _offline_options(command("plan", plan_help, _plan), "--json",
                      "the plan as JSON (TOML without it)")
     up = command("up", "connect, preflight, launch and supervise the cluster; serve its API", _up)

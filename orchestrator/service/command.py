@@ -169,9 +169,11 @@ def _tail(path: Path, count: int) -> list[str]:
 def add_service_command(commands: argparse._SubParsersAction) -> None:
     """`orchestrator service {install,status,uninstall} FILE`."""
     service = commands.add_parser(
-        "service", help="run `up FILE` at boot as a launchd agent or systemd unit",
+        "service", help="run `up FILE` as a service: systemd (at boot) or launchd (macOS: "
+        "at login; --system: at boot)",
         description="Run `orchestrator up FILE` as a service of the OS: started at boot "
-        "(macOS: at login), restarted on failure, logging to a file (docs/operations.md).",
+        "(macOS: at login as a LaunchAgent; with sudo and --system at boot as a "
+        "LaunchDaemon), restarted on failure, logging to a file (docs/operations.md).",
     )
     actions = service.add_subparsers(dest="service_action", metavar="ACTION", required=True)
     helps = {"install": "write the service file and start it",
