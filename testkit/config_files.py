@@ -34,3 +34,30 @@ def memory_cluster(memory_gb: list[float | None], transport: str = "ssh",
     ]
     spec, _warnings = check_cluster_data({"nodes": nodes, **sections}, Path("test.toml"))
     return spec
+
+
+# Two instances of the bundled model on two ssh nodes of 8 GB: "main" over a and b, "fast"
+# (id "small") on b alone, so b carries ranks of both (plan, fit and catalog tests).
+TWO_INSTANCES_SHARING_B = """
+[[nodes]]
+name = "a"
+ip = "10.0.0.1"
+transport = "ssh"
+ssh = "a"
+memory_gb = 8
+[[nodes]]
+name = "b"
+ip = "10.0.0.2"
+transport = "ssh"
+ssh = "b"
+memory_gb = 8
+[[instances]]
+name = "main"
+model = "bundled:smollm2-135m-instruct"
+nodes = ["a", "b"]
+[[instances]]
+name = "fast"
+model = "bundled:smollm2-135m-instruct"
+id = "small"
+nodes = ["b"]
+"""

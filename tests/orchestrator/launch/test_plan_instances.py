@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from testkit.config_files import write
+from testkit.config_files import TWO_INSTANCES_SHARING_B, write
 
 TWO = """
 [cluster]
@@ -17,28 +17,7 @@ name = "home"
 rank_port = 52100
 [serving]
 rank_api_port = 52200
-[[nodes]]
-name = "a"
-ip = "10.0.0.1"
-transport = "ssh"
-ssh = "a"
-memory_gb = 8
-[[nodes]]
-name = "b"
-ip = "10.0.0.2"
-transport = "ssh"
-ssh = "b"
-memory_gb = 8
-[[instances]]
-name = "main"
-model = "bundled:smollm2-135m-instruct"
-nodes = ["a", "b"]
-[[instances]]
-name = "fast"
-model = "bundled:smollm2-135m-instruct"
-id = "small"
-nodes = ["b"]
-"""
+""" + TWO_INSTANCES_SHARING_B
 
 
 def test_every_instance_is_planned_on_its_nodes_and_ports(

@@ -9,31 +9,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from testkit.config_files import write
+from testkit.config_files import TWO_INSTANCES_SHARING_B, write
 
-TWO = """
-[[nodes]]
-name = "a"
-ip = "10.0.0.1"
-transport = "ssh"
-ssh = "a"
-memory_gb = 8
-[[nodes]]
-name = "b"
-ip = "10.0.0.2"
-transport = "ssh"
-ssh = "b"
-memory_gb = 8
-[[instances]]
-name = "main"
-model = "bundled:smollm2-135m-instruct"
-nodes = ["a", "b"]
-[[instances]]
-name = "fast"
-model = "bundled:smollm2-135m-instruct"
-id = "small"
-nodes = ["b"]
-"""
+TWO = TWO_INSTANCES_SHARING_B
 
 
 def test_each_instance_fits_on_its_own_nodes(
