@@ -191,8 +191,7 @@ class NodeFingerprint(Struct, kw_only=True):
 def ranks_on_machine(fingerprints: Mapping[str, NodeFingerprint]) -> dict[str, int]:
     """For each node whose boot_id is known, how many of these nodes run on its kernel, and
     so share its cores and memory (network namespaces or containers of one machine)."""
-    counts = Counter(fp.boot_id for fp in fingerprints.values() if fp.boot_id)
-    return {name: counts[fp.boot_id] for name, fp in fingerprints.items() if fp.boot_id}
+    return ranks_per_machine(fingerprints, fingerprints)  # one rank per node
 
 
 def ranks_per_machine(
