@@ -11,7 +11,7 @@ The stream is `event: <type>` and `data: <event>` per event, each event with its
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -171,11 +171,16 @@ class Response(msgspec.Struct, kw_only=True):
     service_tier: str = "default"
 
 
-# The stream's events.
+# The stream's events. Each `type` lists its names, so that an event matches one schema of
+# the union in the OpenAPI document (without them, optional fields let one event match two).
+LifecycleType = Literal["response.created", "response.in_progress", "response.completed",
+                        "response.incomplete", "response.failed"]
+
+
 class Lifecycle(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """response.created / in_progress / completed / incomplete / failed."""
 
-    type: str
+    type: LifecycleType
     sequence_number: int = 0  # set as the stream sends it
     response: Response
 
@@ -183,16 +188,16 @@ class Lifecycle(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class OutputItemEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """response.output_item.added / .done."""
 
-    type: str
+    type: Literal["response.output_item.added", "response.output_item.done"]
     sequence_number: int = 0  # set as the stream sends it
     output_index: int
     item: OutputItem
 
 
 class ContentPartEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """response.content_part.added / .done (and reasoning_summary_part.*)."""
+    """response.content_part.added / .done."""
 
-    type: str
+    type: Literal["response.content_part.added", "response.content_part.done"]
     sequence_number: int = 0  # set as the stream sends it
     item_id: str
     output_index: int
@@ -204,7 +209,7 @@ class TextDeltaEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
                      forbid_unknown_fields=True):
     """response.output_text.delta, response.reasoning_text.delta."""
 
-    type: str
+    type: Literal["response.output_text.delta", "response.reasoning_text.delta"]
     sequence_number: int = 0  # set as the stream sends it
     item_id: str
     output_index: int
@@ -217,7 +222,7 @@ class TextDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
                      forbid_unknown_fields=True):
     """response.output_text.done, response.reasoning_text.done."""
 
-    type: str
+    type: Literal["response.output_text.done", "response.reasoning_text.done"]
     sequence_number: int = 0  # set as the stream sends it
     item_id: str
     output_index: int
@@ -229,7 +234,8 @@ class TextDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
 class ArgumentsDeltaEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """response.function_call_arguments.delta, response.custom_tool_call_input.delta."""
 
-    type: str
+    type: Literal["response.function_call_arguments.delta",
+                  "response.custom_tool_call_input.delta"]
     sequence_number: int = 0  # set as the stream sends it
     item_id: str
     output_index: int
@@ -241,7 +247,8 @@ class ArgumentsDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
     """response.function_call_arguments.done (arguments, name), custom_tool_call_input.done
     (input)."""
 
-    type: str
+    type: Literal["response.function_call_arguments.done",
+                  "response.custom_tool_call_input.done"]
     sequence_number: int = 0  # set as the stream sends it
     item_id: str
     output_index: int
@@ -253,7 +260,7 @@ class ArgumentsDoneEvent(msgspec.Struct, kw_only=True, omit_defaults=True,
 class ErrorEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`error`: a stream that cannot go on (the gateway lost the gang mid-way)."""
 
-    type: str = "error"
+    type: Literal["error"] = "error"
     code: str | None = None
     message: str
     param: str | None = None

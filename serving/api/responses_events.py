@@ -29,6 +29,7 @@ from contract.responses_schemas import (
     FunctionCallItem,
     IncompleteDetails,
     Lifecycle,
+    LifecycleType,
     OutputItem,
     OutputItemEvent,
     OutputMessage,
@@ -69,7 +70,7 @@ class ResponseBuild:
         self.sequence += 1
         return responses_event(payload)
 
-    def _lifecycle(self, kind: str, response: Response) -> bytes:
+    def _lifecycle(self, kind: LifecycleType, response: Response) -> bytes:
         return self._event(Lifecycle(type=kind, response=response))
 
     def start(self) -> list[bytes]:
@@ -170,8 +171,13 @@ class ResponseBuild:
         value = item.input if isinstance(item, CustomToolCallItem) else item.arguments
         opening = msgspec.structs.replace(item, status="in_progress", **(
             {"input": ""} if custom else {"arguments": ""}))
-        kind = "response.custom_tool_call_input" if custom else "response.function_call_arguments"
-        done = ArgumentsDoneEvent(type=f"{kind}.done", item_id=item.id, output_index=at)
+        delta = ArgumentsDeltaEvent(type="response.function_call_arguments.delta",
+                                    item_id=item.id, output_index=at, delta=value)
+        done = ArgumentsDoneEvent(type="response.function_call_arguments.done", item_id=item.id,
+                                  output_index=at)
+        if custom:
+            delta.type, done.type = ("response.custom_tool_call_input.delta",
+                                     "response.custom_tool_call_input.done")
         if custom:
             done.input = value
         else:
@@ -179,8 +185,7 @@ class ResponseBuild:
         return [
             self._event(OutputItemEvent(type="response.output_item.added", sequence_number=0,
                                         output_index=at, item=opening)),
-            self._event(ArgumentsDeltaEvent(type=f"{kind}.delta", item_id=item.id,
-                                             output_index=at, delta=value)),
+            self._event(delta),
             self._event(done),
             self._event(OutputItemEvent(type="response.output_item.done", sequence_number=0,
                                         output_index=at, item=item)),
@@ -192,7 +197,7 @@ class ResponseBuild:
         out = [*self._close_reasoning(),
                *self._close_message("incomplete" if capped else "completed")]
         response = self.final(done)
-        kind = "response.incomplete" if capped else "response.completed"
+        kind: LifecycleType = "response.incomplete" if capped else "response.completed"
         return [*out, self._lifecycle(kind, response)]
 
     def final(self, done: Finished) -> Response:

@@ -79,3 +79,40 @@ async def test_the_document_covers_v1_with_bodies_and_openai_errors(api_key: str
         "bearer": {"type": "http", "scheme": "bearer"},
         "x-api-key": {"type": "apiKey", "name": "x-api-key", "in": "header"},
     } if api_key else None)
+
+
+def one_ofs(node: Any) -> list[list[dict[str, Any]]]:
+    """Every `oneOf` list in the document, nested ones too."""
+    found: list[list[dict[str, Any]]] = []
+    if isinstance(node, dict):
+        if isinstance(node.get("oneOf"), list):
+            found.append(node["oneOf"])
+        for value in node.values():
+            found += one_ofs(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += one_ofs(value)
+    return found
+
+
+async def test_each_union_of_objects_tells_its_members_apart_by_type() -> None:
+    """A value can match one member of a `oneOf` only: where the members are objects, each
+    names its own `type` values. (Responses' events once all had `type: string`, so a
+    content_part event also matched function_call_arguments.done and schemathesis failed.)"""
+    doc = await document(None)
+    schemas = doc["components"]["schemas"]
+    checked = 0
+    for members in one_ofs(doc):
+        names = [m["$ref"].rsplit("/", 1)[1] for m in members if "$ref" in m]
+        objects = [schemas[name] for name in names if "type" in schemas[name].get("properties", {})]
+        if len(objects) < 2:
+            continue
+        seen: set[str] = set()
+        for name, schema in zip(names, objects, strict=True):
+            kind = schema["properties"]["type"]
+            values = {kind["const"]} if "const" in kind else set(kind.get("enum", []))
+            assert values, f"{name}.type names no values: {kind}"
+            assert not values & seen, f"{name}.type shares {values & seen} with another member"
+            seen |= values
+        checked += 1
+    assert checked >= 8  # the stream events of both APIs, their blocks, deltas and items

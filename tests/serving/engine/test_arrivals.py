@@ -33,6 +33,7 @@ def histogram(url: str, most: int = 2) -> tuple[float, float]:
             metric_value(url, "serving_batch_size_steps_count"))
 
 
+@pytest.mark.alone  # a plan waits 50 ms at most: another test's ranks can outlast that
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_requests_sent_together_are_decoded_together(
     tmp_path: Path, tiny_model_dir: Path, ranks: int
