@@ -1,9 +1,13 @@
 """Requests the serving tests send rank 0 and compare across rank counts and modes: a chat
 answer summarised as "<completion tokens>:<text>", a seeded completion, every logits
-processor at once, and the tolerance between two runs' log probabilities."""
+processor at once, the tolerance between two runs' log probabilities, and requests sent
+while a stream keeps the batch busy."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -55,3 +59,29 @@ def complete(base_url: str, prompt: str, temperature: float = 0.0) -> str:
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     return f"{choice['finish_reason']}:{choice['text']}"
+
+
+def while_streaming(url: str, body: dict[str, Any], jobs: list[Callable[[], None]]) -> list[str]:
+    """Streams `body` from /v1/completions; once its first chunk arrives (the batch is
+    busy), runs `jobs` in threads. Returns the stream's lines after the first chunk, and
+    checks that every job ended before the stream did: the jobs ran beside it the whole
+    time, so a stream too short to outlast them fails here instead of testing nothing."""
+    ended: list[float] = []
+
+    def timed(job: Callable[[], None]) -> None:
+        job()
+        ended.append(time.monotonic())
+
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as stream:
+        lines = stream.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        threads = [threading.Thread(target=timed, args=(job,)) for job in jobs]
+        for thread in threads:
+            thread.start()
+        rest = [line for line in lines if line]  # read as it arrives: the last at its end
+        last = time.monotonic()
+        for thread in threads:
+            thread.join(120)
+    assert len(ended) == len(jobs), f"{len(jobs) - len(ended)} job(s) failed or hung"
+    assert max(ended) < last, f"the stream ended {max(ended) - last:.2f} s before its jobs"
+    return rest

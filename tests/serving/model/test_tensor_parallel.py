@@ -4,10 +4,10 @@ is plain mlx-lm's."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,15 @@ import pytest
 
 from contract import rank_env
 from testkit import mlx_lm_reference
-from testkit.rank_cluster import rank_cluster
-from testkit.serving_requests import LOGPROB_TOL, PROCESSED, chat_body, complete, summary
+from testkit.rank_cluster import RankCluster, rank_cluster
+from testkit.serving_requests import (
+    LOGPROB_TOL,
+    PROCESSED,
+    chat_body,
+    complete,
+    summary,
+    while_streaming,
+)
 from testkit.waiting import metric_value
 
 pytestmark = pytest.mark.e2e
@@ -33,6 +40,7 @@ BIASED = 42  # a +100 logit_bias makes greedy decoding pick it with probability 
 # ranks ~0.2 s (its longer answers check a longer KV cache).
 BUNDLED_TOKENS = 4
 TINY_TOKENS = 8
+LONG_TOKENS = 120  # the stream that joining requests share a batch with
 
 
 def chat(url: str, messages: list[dict[str, str]], max_tokens: int, **fields: object) -> str:
@@ -54,30 +62,38 @@ def greedy_outputs(
     rank_env_extra: Sequence[dict[str, str]] = (), processors: bool = True,
     prompts: Sequence[str] = PROMPTS,
 ) -> Served:
+    """`served_outputs` of a cluster started for them (and stopped after)."""
+    with rank_cluster(workdir, model_dir, ranks, served_model_id="m",
+                      rank_env_extra=rank_env_extra) as cluster:
+        return served_outputs(cluster, max_tokens, processors, prompts)
+
+
+def served_outputs(
+    cluster: RankCluster, max_tokens: int, processors: bool = True,
+    prompts: Sequence[str] = PROMPTS,
+) -> Served:
     """Greedy chat completions for `prompts` (with their logprobs); with `processors` also a
     sample through every processor, a logit_bias, and a second turn that must reuse the
     first turn's KV from every rank's prefix cache. A +100 logit_bias gives its token a
     logprob of ~0 (taken after the bias)."""
-    with rank_cluster(workdir, model_dir, ranks, served_model_id="m",
-                      rank_env_extra=rank_env_extra) as cluster:
-        url = cluster.base_url
-        greedy = [
-            chat_body(url, [{"role": "user", "content": p}], max_tokens, temperature=0,
-                      logprobs=True)
-            for p in prompts
-        ]
-        outputs = [summary(body) for body in greedy]
-        if processors:
-            outputs.append(processed_and_second_turn(url, outputs[0], max_tokens))
-        for rank in range(ranks):
-            assert f"tensor shard {rank}/{ranks}" in cluster.log_text(rank)
-            assert "DESYNC" not in cluster.log_text(rank)
-        # Each rank's prefix cache bound: one value (all_min), whatever each rank computed.
-        bounds = {re.findall(r"prefix cache bound ([\d.]+ GB)", cluster.log_text(rank))[0]
-                  for rank in range(ranks)}
-        assert len(bounds) == 1, bounds
-        assert all(proc.poll() is None for proc in cluster.procs)
-        return Served(outputs, [token_logprobs(body) for body in greedy])
+    url, ranks = cluster.base_url, cluster.world_size
+    greedy = [
+        chat_body(url, [{"role": "user", "content": p}], max_tokens, temperature=0,
+                  logprobs=True)
+        for p in prompts
+    ]
+    outputs = [summary(body) for body in greedy]
+    if processors:
+        outputs.append(processed_and_second_turn(url, outputs[0], max_tokens))
+    for rank in range(ranks):
+        assert f"tensor shard {rank}/{ranks}" in cluster.log_text(rank)
+        assert "DESYNC" not in cluster.log_text(rank)
+    # Each rank's prefix cache bound: one value (all_min), whatever each rank computed.
+    bounds = {re.findall(r"prefix cache bound ([\d.]+ GB)", cluster.log_text(rank))[0]
+              for rank in range(ranks)}
+    assert len(bounds) == 1, bounds
+    assert all(proc.poll() is None for proc in cluster.procs)
+    return Served(outputs, [token_logprobs(body) for body in greedy])
 
 
 def processed_and_second_turn(url: str, first_answer: str, max_tokens: int) -> str:
@@ -139,21 +155,39 @@ def tiny_single(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) 
     return single
 
 
+def sharing(ranks: int) -> list[dict[str, str]]:
+    """Ranks told they share the machine with more ranks than they do size different
+    prefix caches on their own; all_min makes them agree (or their evictions, and batches,
+    would part): served_outputs checks that every rank logs one bound."""
+    return [{rank_env.RANKS_ON_MACHINE: str(ranks + n)} for n in range(ranks)]
+
+
+@pytest.fixture(scope="module")
+def tiny_two(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[RankCluster]:
+    """The tiny Llama at 2 ranks sizing their prefix caches apart: shared by the 2-rank
+    comparison and the joining test (each checks its own requests only)."""
+    with rank_cluster(tmp_path_factory.mktemp("r2"), tiny_model_dir, 2, served_model_id="m",
+                      rank_env_extra=sharing(2)) as cluster:
+        yield cluster
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_tiny_model_matches_one_rank(
-    tmp_path: Path, tiny_model_dir: Path, tiny_single: Served, ranks: int
+    tmp_path: Path, tiny_model_dir: Path, tiny_single: Served, ranks: int,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The random tiny Llama at 2 and 4 ranks: greedy output and logprobs equal the 1-rank
     run's, which are plain mlx-lm's, with every processor and from the prefix cache too;
     ranks that size their prefix caches apart agree on one bound."""
-    single = tiny_single
-    # Ranks told they share the machine with more ranks than they do size different prefix
-    # caches on their own; all_min makes them agree (or their evictions, and batches, would
-    # part): greedy_outputs checks that every rank logs one bound.
-    sharing = [{rank_env.RANKS_ON_MACHINE: str(ranks + n)} for n in range(ranks)]
-    many = greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, TINY_TOKENS, sharing)
-    assert many.outputs == single.outputs
-    assert_close(many.logprobs, single.logprobs)
+    if ranks == 2:
+        many = served_outputs(request.getfixturevalue("tiny_two"), TINY_TOKENS)
+    else:
+        many = greedy_outputs(tmp_path / f"r{ranks}", tiny_model_dir, ranks, TINY_TOKENS,
+                              sharing(ranks))
+    assert many.outputs == tiny_single.outputs
+    assert_close(many.logprobs, tiny_single.logprobs)
 
 
 def leave_after_three_chunks(base_url: str) -> None:
@@ -164,34 +198,29 @@ def leave_after_three_chunks(base_url: str) -> None:
             next(chunks)
 
 
-def test_requests_joining_and_leaving_a_busy_batch_stay_in_step(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
+def answer_into(answers: dict[str, str], url: str, prompt: str, temperature: float) -> None:
+    answers[prompt] = complete(url, prompt, temperature)
+
+
+def test_requests_joining_and_leaving_a_busy_batch_stay_in_step(tiny_two: RankCluster) -> None:
     """2 ranks: requests that join while a long stream decodes (their plans go out a step
     ahead), one seeded and sampled, get the text they get alone; a client that leaves
-    mid-way is removed; the long stream ends normally and no rank exits (a desync would)."""
+    mid-way is removed; the long stream ends normally, after them, and no rank exits (a
+    desync would)."""
     prompts = {"The sea": 0.0, "A cat": 0.0, "Numbers": 0.9}
-    with rank_cluster(tmp_path, tiny_model_dir, 2, served_model_id="m") as cluster:
-        url = cluster.base_url
-        alone = {p: complete(url, p, t) for p, t in prompts.items()}
-        together: dict[str, str] = {}
-        body = {"model": "m", "prompt": "Long", "max_tokens": 400, "stream": True}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as long_stream:
-            lines = long_stream.iter_lines()
-            next(line for line in lines if line.startswith("data: {"))  # the batch is busy
-            threads = [
-                threading.Thread(
-                    target=lambda p=p, t=t: together.__setitem__(p, complete(url, p, t))
-                )
-                for p, t in prompts.items()
-            ]
-            threads.append(threading.Thread(target=leave_after_three_chunks, args=(url,)))
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(120)
-            rest = [line for line in lines if line]
-        assert together == alone
-        assert '"finish_reason":"length"' in rest[-2] and rest[-1] == "data: [DONE]"
-        assert "(cancelled)" in cluster.log_text(0)
-        assert [proc.poll() for proc in cluster.procs] == [None, None]
+    cluster = tiny_two
+    url = cluster.base_url
+    alone = {p: complete(url, p, t) for p, t in prompts.items()}
+    together: dict[str, str] = {}
+    jobs: list[Callable[[], None]] = [
+        functools.partial(answer_into, together, url, p, t) for p, t in prompts.items()
+    ]
+    jobs.append(functools.partial(leave_after_three_chunks, url))
+    # The joiners need ~30 steps (24 tokens at most, batched); while_streaming checks
+    # that the long stream outlasted them.
+    body = {"model": "m", "prompt": "Long", "max_tokens": LONG_TOKENS, "stream": True}
+    rest = while_streaming(url, body, jobs)
+    assert together == alone
+    assert '"finish_reason":"length"' in rest[-2] and rest[-1] == "data: [DONE]"
+    assert "(cancelled)" in cluster.log_text(0)
+    assert [proc.poll() for proc in cluster.procs] == [None, None]
