@@ -47,12 +47,13 @@ def summary(body: dict[str, Any]) -> str:
     return f"{body['usage']['completion_tokens']}:{body['choices'][0]['message']['content']}"
 
 
-def complete(base_url: str, prompt: str, temperature: float = 0.0) -> str:
+def complete(base_url: str, prompt: str, temperature: float = 0.0,
+             max_tokens: int | None = None) -> str:
     # Sampled: 8 tokens. Joining a batch changes its size, so OpenBLAS's kernels round the
     # logits differently in the last bits; at temperature 0.9 a draw that lands on such a
     # boundary flips a token (seen once in CI at token ~18 of 24). A seed not carried
-    # through would differ from the first token.
-    max_tokens = 8 if temperature else 24
+    # through would differ from the first token. Greedy: 24 unless told.
+    max_tokens = max_tokens or (8 if temperature else 24)
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens,
             "temperature": temperature, "seed": 7}
     r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
