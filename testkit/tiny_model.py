@@ -156,3 +156,22 @@ def _save(dest: Path, config: dict[str, Any], weights: dict[str, mx.array]) -> N
     }
     for name, content in (("config.json", config), ("model.safetensors.index.json", index)):
         (dest / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+
+
+def write_draft_model(target: Path, dest: Path, scale: float = 0.9) -> Path:
+    """A copy of the tiny model at `target` with its last layer's MLP output scaled by
+    `scale`, into `dest`: a draft model that proposes the target's greedy token most of
+    the time but not always (at 0.9, 22 of the default model's first 24 tokens of
+    tests/serving/engine/test_speculative.py's prompt), so speculation both keeps and
+    rejects drafts."""
+    import mlx.core as mx
+
+    shutil.copytree(target, dest)
+    config = json.loads((target / "config.json").read_text(encoding="utf-8"))
+    name = f"model.layers.{config['num_hidden_layers'] - 1}.mlp.down_proj.weight"
+    loaded = mx.load(str(target / WEIGHTS_FILE))
+    assert isinstance(loaded, dict)  # a safetensors file: name -> array
+    weights = dict(loaded)
+    weights[name] = weights[name] * scale
+    _save(dest, config, weights)
+    return dest
