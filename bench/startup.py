@@ -22,6 +22,7 @@ Figures go to bench/results/startup-<ts>.json. Heavy (starts ranks): run through
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -95,12 +96,13 @@ def log_times(text: str) -> dict[str, float]:
 
 
 def ranks_run(model: Path, world: int, work: Path) -> dict[str, float]:
-    started = time.time()
+    started, polled = time.time(), time.process_time()
     with rank_cluster(work, model, world) as cluster:
-        ready = time.time()
+        ready, polled = time.time(), time.process_time() - polled
         logs = [log_times(cluster.log_text(r)) for r in range(world)]
         cpu = sum(_cpu_of(p.pid) for p in cluster.procs)
-    phases = {"total": ready - started, "cpu_s": cpu}
+    # cpu_s: the ranks' CPU until ready; waiter_cpu_s: this process's (the start, the polls)
+    phases = {"total": ready - started, "cpu_s": cpu, "waiter_cpu_s": polled}
     last = started
     for name in RANK_MILESTONES:
         times = [log[name] for log in logs if name in log]
@@ -118,18 +120,31 @@ def _cpu_of(pid: int) -> float:
     return times.user + times.system
 
 
+def _cpu_tree(pid: int) -> list[float]:
+    import psutil
+
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            found.append(_cpu_of(child.pid))
+    return found
+
+
 def up_run(model: Path, work: Path) -> dict[str, float]:
     work.mkdir(parents=True)
     config = write_cluster(work, str(model), [{"name": "a", "ip": "127.0.0.1"}])
     port = tomllib.loads(config.read_text())["api"]["port"]
+    polled = time.process_time()
     orch = Orchestrator(config)
     try:
         orch.wait_ready(f"http://127.0.0.1:{port}", 300)
-        ready = time.monotonic()
+        ready, polled = time.monotonic(), time.process_time() - polled
         lines = list(orch.lines)
+        cpu = {"orchestrator_cpu_s": _cpu_of(orch.process.pid),
+               "agent_and_ranks_cpu_s": sum(_cpu_tree(orch.process.pid))}
     finally:
         orch.stop()
-    phases = {"total": ready - orch.started}
+    phases = {"total": ready - orch.started, **cpu, "waiter_cpu_s": polled}
     last = orch.started
     for name, pattern in UP_MILESTONES.items():
         when = next((t for t, line in lines if pattern.search(line)), None)
@@ -138,6 +153,7 @@ def up_run(model: Path, work: Path) -> dict[str, float]:
             last = when
     phases["poll"] = ready - last
     log = "\n".join(f"{t - orch.started:8.3f} {line}" for t, line in lines)
+    (REPO / "bench" / "results").mkdir(exist_ok=True)
     (REPO / "bench" / "results" / "startup-up.log").write_text(log)
     return phases
 
