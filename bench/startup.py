@@ -48,6 +48,7 @@ IMPORTS = (
     "serving.rank.worker",
     "serving.rank.rank0",
     "orchestrator.cli",
+    "orchestrator.up",
     "node_agent.agent",
 )
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
