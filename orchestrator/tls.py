@@ -12,14 +12,15 @@ import datetime
 import functools
 import ssl
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 
 def self_signed(common_name: str, days: int = 7) -> tuple[bytes, bytes]:
     """(key PEM, certificate PEM): a self-signed P-256 certificate."""
+    # cryptography here: 0.1 s that a launch on loopback, which needs no certificate, skips
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.UTC)

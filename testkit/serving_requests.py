@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from testkit.http_tls import default_tls
+
 # Every processor at once, sampled with a seed: every rank must apply them alike (the
 # plan carries them) or the next plan's token digest stops the gang with a desync.
 PROCESSED = {
@@ -38,6 +40,7 @@ def chat_body(url: str, messages: list[dict[str, str]], max_tokens: int,
         f"{url}/v1/chat/completions",
         timeout=600,
         json={"model": "m", "messages": messages, "max_tokens": max_tokens, **fields},
+        verify=default_tls(),
     )
     assert r.status_code == 200, r.text
     return dict(r.json())
@@ -56,7 +59,7 @@ def complete(base_url: str, prompt: str, temperature: float = 0.0,
     max_tokens = max_tokens or (8 if temperature else 24)
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens,
             "temperature": temperature, "seed": 7}
-    r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
+    r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120, verify=default_tls())
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     return f"{choice['finish_reason']}:{choice['text']}"

@@ -9,10 +9,13 @@ from typing import Any
 
 import httpx
 
+from testkit.http_tls import default_tls
+
 
 def metric_value(base_url: str, name: str, verify: Any = True) -> float:
     """The sum of a metric's samples named exactly `name` (any labels) from /metrics
     (`verify`: httpx's, e.g. a context pinned to rank 0's certificate)."""
+    verify = default_tls() if verify is True else verify  # not a new CA load per poll
     text = httpx.get(f"{base_url}/metrics", timeout=10, verify=verify).text
     pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.MULTILINE)
     return sum(float(v) for v in pattern.findall(text))

@@ -15,21 +15,13 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx2
-from huggingface_hub import HfApi, get_token
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import filter_repo_objects
+from typing import TYPE_CHECKING, Any
 
 from contract.model_ref import Hub
+
+if TYPE_CHECKING:  # huggingface_hub is imported where it is called: 0.3 s of every
+    # `orchestrator up`, which meets the hub only for an hf: model
+    from huggingface_hub.hf_api import RepoFile
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # What mlx-lm itself downloads (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS; a test keeps them
@@ -67,6 +59,8 @@ class HubAccess:
     def from_env(cls) -> HubAccess:
         offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
         endpoint = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        from huggingface_hub import get_token
+
         return cls(endpoint, os.environ.get("HF_TOKEN") or get_token(), offline)
 
 
@@ -100,6 +94,10 @@ def remote_listing(
 ) -> RemoteListing:
     """The commit the revision names now and its files mlx-lm needs (no code files unless
     `trust_remote_code`); raises HubError."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import filter_repo_objects
+
     api = HfApi(endpoint=access.endpoint, token=access.token or False)
     try:
         info = api.model_info(ref.repo_id, revision=ref.revision)
@@ -137,6 +135,8 @@ def remote_listing(
 def remote_config(ref: Hub, access: HubAccess, commit: str) -> dict[str, Any]:
     """The model's config.json at `commit`, read from the hub into a temporary directory:
     not into the HF cache, whose refs/ would then say the model was pulled. Raises HubError."""
+    from huggingface_hub import HfApi
+
     api = HfApi(endpoint=access.endpoint, token=access.token or False)
     with tempfile.TemporaryDirectory(prefix="hub-config-") as folder:
         try:
@@ -158,6 +158,15 @@ def _etag(f: RepoFile) -> str:
 
 def explain(exc: BaseException, ref: Hub, access: HubAccess) -> HubError:
     """An operator's message for what huggingface_hub raised."""
+    import httpx2
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     where = access.endpoint
     status = _status(exc)
     if isinstance(exc, GatedRepoError) or status in {401, 403}:

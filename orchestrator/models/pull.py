@@ -28,11 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
-from huggingface_hub.file_download import hf_hub_url, http_get
-from huggingface_hub.utils import build_hf_headers, disable_progress_bars
-
 from contract.model_ref import Hub, parse_hub
 from contract.settings import ModelSettings
 from node_agent.models.hashes import HashCache, HashStats, ModelFileError, cached_sha256
@@ -116,6 +111,10 @@ def pull(
 
 
 def _from_cache(ref: Hub, root: Path, report: PullReport, trust: bool) -> PullReport:
+    # huggingface_hub where it is called (hub.py says why)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+
     try:
         path = snapshot_download(
             ref.repo_id,
@@ -228,6 +227,9 @@ def _fetch(
     f: RemoteFile,
     arrived: Callable[[int], None],
 ) -> None:
+    from huggingface_hub.file_download import hf_hub_url, http_get
+    from huggingface_hub.utils import build_hf_headers
+
     partial = blobs / (f.etag + PARTIAL)
     if _size(partial) > f.size:
         partial.unlink()  # longer than the file: not a prefix of it
@@ -321,6 +323,9 @@ class _HashingSink:
 def _link(ref: Hub, access: HubAccess, commit: str, root: Path, trust: bool) -> str:
     """huggingface_hub writes snapshots/<commit>/ from the blobs now present (no bytes move)
     and we pin the revision the operator named in refs/<revision>."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import disable_progress_bars
+
     disable_progress_bars()
     try:
         path = snapshot_download(
