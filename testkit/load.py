@@ -121,14 +121,23 @@ def fault(
     revert: Callable[[], None],
     hold_s: float,
     settle_s: float = 60.0,
+    until: Callable[[], bool] | None = None,
 ) -> FaultTimes:
-    """Apply, hold for hold_s while watching /health, revert, wait until served again."""
+    """Apply, hold for hold_s while watching /health (or, with `until`, until it holds,
+    asked every 0.5 s once /health left ready; at most hold_s), revert, wait until served
+    again."""
     times = FaultTimes(applied=time.monotonic(), reverted=0.0)
     apply()
+    asked = 0.0
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < times.applied + hold_s:
             if times.left_ready is None and not _ready(client, url):
                 times.left_ready = time.monotonic()
+            due = times.left_ready is not None and time.monotonic() - asked >= 0.5
+            if until is not None and due:
+                asked = time.monotonic()
+                if until():
+                    break
             time.sleep(0.1)
         revert()
         times.reverted = time.monotonic()

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from testkit.netns import HostsFactory, MultiHost
 from testkit.orchestrator_process import (
     Orchestrator,
+    gateway_status,
     kill_all,
     run_cli,
     wait_gone,
@@ -37,12 +36,10 @@ def _url(config: Path) -> str:
     return f"http://{api['host']}:{api['port']}"
 
 
-def _status(config: Path) -> dict[str, Any]:
-    return dict(json.loads(run_cli("status", str(config), "--json").stdout))
-
-
-def _pids(config: Path) -> dict[int, int]:
-    return {rank["rank"]: rank["pid"] for rank in _status(config)["ranks"]}
+def _pids(url: str) -> dict[int, int]:
+    """Each rank's PID from the gateway's /status (what `status --json` prints, without a
+    CLI's start: `status` itself is run below where no orchestrator answers)."""
+    return {rank["rank"]: rank["pid"] for rank in gateway_status(url)["ranks"]}
 
 
 
@@ -95,7 +92,7 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
     try:
         first.wait_ready(url)
         relaunch_s = time.monotonic() - started
-        before = _pids(config)
+        before = _pids(url)
         around_kill = _kill_under_load(first, url, leftovers)
         assert around_kill["hung"] == 0, around_kill
         t = time.monotonic()
@@ -108,7 +105,7 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
         adopt_s = time.monotonic() - started
         print(f"full launch {relaunch_s:.1f} s, adopted {adopt_s:.1f} s, "
               f"around the kill {around_kill}")
-        assert _pids(config) == before
+        assert _pids(url) == before
         assert "adopted launch" in second.text, second.text
         assert "rank 0 started" not in second.text and "ranks loaded" not in second.text
         t = time.monotonic()
@@ -135,12 +132,14 @@ def test_up_adopts_the_gang_after_kill_9(tmp_path: Path, leftovers: set[int]) ->
 
 
 def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: Path,
-                                          leftovers: set[int]) -> None:
+                                          tiny_model_dir: Path, leftovers: set[int]) -> None:
     """2 SSH hosts: the gateway reaches rank 0 over TLS (no prompt on the wire); the agents
     outlive the SSH sessions of a SIGKILLed `up`; the next `up` reaches them through
     node_agent.channel.bridge, adopts the gang and pins its certificate; `down` ends it all."""
     net = netns_hosts(2, "switch")
-    config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(2)],
+    # The tiny model: what is adopted is the gang, whatever it loaded (the test above
+    # times a real model's load).
+    config = write_cluster(tmp_path, str(tiny_model_dir), [net.node(i) for i in range(2)],
                            model={"id": "tiny"},
                            supervisor={"standby_ranks": False, "orphan_grace_s": 60.0})
     url = _url(config)
@@ -149,14 +148,14 @@ def test_up_adopts_across_namespace_hosts(netns_hosts: HostsFactory, tmp_path: P
     try:
         first.wait_ready(url)
         assert_hop_encrypted(net, config, url)
-        before = _pids(config)
+        before = _pids(url)
         first.process.kill()
         first.wait_exit()
         started = time.monotonic()
         second = Orchestrator(config)
         second.wait_ready(url, timeout_s=60)
         print(f"adopted across hosts in {time.monotonic() - started:.1f} s")
-        assert _pids(config) == before
+        assert _pids(url) == before
         assert "adopted launch" in second.text and "reached on its socket" in second.text
         assert [_request(url, 4) for _ in range(3)] == ["ok"] * 3
         assert run_cli("down", str(config)).returncode == 0

@@ -1,5 +1,5 @@
 """A worker host that goes to sleep under load (every link down, every process stopped)
-for 30 s, then wakes: waited for, serving again, and not one restart spent."""
+for ~20 s, then wakes: waited for, serving again, and not one restart spent."""
 
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ from testkit.orchestrator_process import run_cli, running, write_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-# The issue's figure was 60 s; 30 s keeps 18 s or more of `waiting` after it shows
-# (~11.5 s in), a reconnect failing every 2 s without a restart spent: the old behaviour
-# spent one on the first and, with max_restarts = 2 and 0.5 s backoff, failed within ~5 s.
-ASLEEP_S = 30.0
+# Waiting shows ~11.5 s after the freeze (the links silent ~3.5 s, the gang's stop gives
+# up on the frozen rank after 1 + 5 s, a ping 3 s), later on a loaded machine: the host
+# sleeps on for WAITING_S after that, five reconnects failing 2 s apart without a restart
+# spent. The old behaviour spent one on the first and, with max_restarts = 2 and 0.5 s
+# backoff, failed within ~5 s. (The issue's figure was 60 s, then 30 s in all.)
+WAITING_S = 10.0
+ASLEEP_MAX_S = 90.0  # waiting never showing: fail then
 REQUEST_TIMEOUT_S = 30.0
 SETTINGS = {
     "serving": {"request_timeout_s": REQUEST_TIMEOUT_S},
@@ -29,7 +32,7 @@ SETTINGS = {
         "backoff_initial_s": 0.5,
         "stop_grace_s": 2.0,
         "launch_timeout_s": 120.0,
-        "max_restarts": 2,  # the old behaviour would have failed the cluster well within 30 s
+        "max_restarts": 2,  # the old behaviour would have failed it within WAITING_S
         "node_wait_s": 300.0,
         "standby_ranks": False,
     },
@@ -67,11 +70,12 @@ def state_metric(url: str) -> str:
     )
 
 
-def test_a_worker_asleep_for_30_s_is_waited_for_and_serves_again(
+def test_a_worker_asleep_is_waited_for_and_serves_again(
     netns_hosts: HostsFactory, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    """Host 1 frozen for 30 s under load: `waiting for node h1: unreachable since ...` in
-    /status and /metrics, serving again once it wakes, restart budget untouched."""
+    """Host 1 frozen under load, still waited for WAITING_S after `waiting for node h1:
+    unreachable since ...` shows in /status and /metrics; serving again once it wakes,
+    restart budget untouched."""
     net = netns_hosts(2, "switch")
     config = write_cluster(tmp_path, str(tiny_model_dir), [net.node(0), net.node(1)],
                            **SETTINGS)
@@ -85,7 +89,8 @@ def test_a_worker_asleep_for_30_s_is_waited_for_and_serves_again(
             pids = freeze(net, 1)
             try:
                 waiting_at, seen = None, {}
-                while time.monotonic() < frozen_at + ASLEEP_S:
+                while time.monotonic() < (frozen_at + ASLEEP_MAX_S if waiting_at is None
+                                          else waiting_at + WAITING_S):
                     seen = status(client, url)
                     if waiting_at is None and seen.get("state") == "waiting":
                         waiting_at = time.monotonic()
@@ -93,7 +98,7 @@ def test_a_worker_asleep_for_30_s_is_waited_for_and_serves_again(
                         reason = str(seen["reason"])
                     time.sleep(0.2)
                 assert waiting_at is not None, (seen, orchestrator.text[-3000:])
-                assert seen.get("state") == "waiting", seen  # still, after 30 s
+                assert seen.get("state") == "waiting", seen  # still, WAITING_S later
             finally:
                 thaw(net, 1, pids)
             woke_at = time.monotonic()
