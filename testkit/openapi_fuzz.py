@@ -104,6 +104,7 @@ def fuzz(
     *,
     api_key: str | None,
     max_examples: int,
+    phases: tuple[str, ...] | None = None,
     timeout_s: float = 240.0,
 ) -> subprocess.CompletedProcess[str]:
     """`schemathesis run` on url's /openapi.json, one worker (the machine is small), in
@@ -114,6 +115,8 @@ def fuzz(
         "--checks", ",".join(CHECKS), "--exclude-checks", ",".join(EXCLUDED_CHECKS),
         "--no-color", "--seed", os.environ.get(SEED_ENV, SEED),
     ]
+    if phases is not None:
+        args += ["--phases", ",".join(phases)]
     if api_key is not None:
         args += ["--header", f"Authorization: Bearer {api_key}"]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
