@@ -30,7 +30,7 @@ from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.placement.decide import place
 from orchestrator.preflight.checks import run_preflight
-from orchestrator.provision.sync.command import UpSync, sync_before_up
+from orchestrator.provision.sync.up_sync import UpSync
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,
@@ -102,8 +102,10 @@ class Instance:
         remove_state(self.state_file)
         launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
 
-    async def prepare(self, config_path: Path) -> bool:
-        """Connect, clean up after a crashed run, preflight. False: reported, do not start."""
+    async def connect(self) -> bool:
+        """Connect, then adopt the running gang or clean up after a crashed run. False:
+        reported, do not start. Then (unless adopted) `up` syncs (up_sync.py) and calls
+        preflight()."""
         self.machine.to(GangState.CONNECTING)
         errors = await self.pool.connect_all()
         for error in errors:
@@ -120,9 +122,11 @@ class Instance:
             return True
         if self.previous is not None:  # a crashed run's ranks, recorded before we overwrote
             await end_stale_ranks(self.pool, self.previous.ranks)
-        synced = UpSync(ok=True)
-        if self.spec.model.sync:
-            synced = await sync_before_up(self.spec, self.pool, config_path)
+        return True
+
+    async def preflight(self, synced: UpSync) -> bool:
+        """Preflight on the synced nodes (`synced`: the outcome of the model's sync, or
+        ok without one). False: reported, do not start."""
         if not synced.ok:
             return False
         self.machine.to(GangState.PREFLIGHT)
