@@ -27,6 +27,9 @@ class LaunchRecord(Struct, kw_only=True):
     code_digest: str  # of the code the ranks run: the contract and serving packages
     model_digest: str  # of every node's model digest, in node order
     placement: Placement | None = None  # the split the gang runs, reused on adoption
+    # The nodes the gang runs on, in rank order: fewer than cluster.toml's when it was
+    # re-planned on the nodes that remained (a Mac asleep); [] (an older record): every node.
+    nodes: list[str] = []
 
 
 class Adopt(Message, tag="adopt", kw_only=True):

@@ -30,7 +30,7 @@ from orchestrator.launch.reachability import LinkChecks, link_table
 from orchestrator.launch.stale_ranks import end_stale_ranks
 from orchestrator.placement.decide import place
 from orchestrator.preflight.checks import run_preflight
-from orchestrator.provision.sync.command import UpSync, sync_before_up
+from orchestrator.provision.sync.up_sync import UpSync
 from orchestrator.state_file import (
     ClusterState,
     RankRecord,
@@ -45,6 +45,7 @@ from orchestrator.supervision.monitor import GangMonitor
 from orchestrator.supervision.progress import Rank0Probe
 from orchestrator.supervision.state import GangState, StateMachine
 from orchestrator.supervision.supervisor import Supervisor
+from orchestrator.transports import AgentRequestError, TransportError
 from orchestrator.transports.pool import USAGE_INTERVAL_S, NodePool
 from orchestrator.usage_metrics import NodeUsageCollector
 
@@ -86,6 +87,7 @@ class Instance:
             self.spec, pool, self.metrics, self.machine, monitor, Rank0Probe(http),
             self._new_gang, links=self.links, on_launch=self._record_launch,
             fewer_gang=lambda fewer: self._new_gang(fewer.spec, fewer.placement),
+            before_every_node=self._place_every_node,
         )
 
     def release_state(self, keep_ranks: bool) -> None:
@@ -102,27 +104,38 @@ class Instance:
         remove_state(self.state_file)
         launch_secret.remove(self.spec.state_dir, self.spec.cluster.name)
 
-    async def prepare(self, config_path: Path) -> bool:
-        """Connect, clean up after a crashed run, preflight. False: reported, do not start."""
+    async def connect(self) -> bool:
+        """Connect, then adopt the running gang or clean up after a crashed run. False:
+        reported, do not start. Then (unless adopted) `up` syncs (up_sync.py) and calls
+        preflight()."""
         self.machine.to(GangState.CONNECTING)
         errors = await self.pool.connect_all()
         for error in errors:
             log.error("%scannot reach node %s (%s): %s", self._tag, error.node, error.kind,
                       error.message)
-        if errors:
+        # A node unreachable: only a gang re-planned without it can be adopted (else
+        # nothing starts, and the gang is left to the orphan grace).
+        adopted = await adopt_or_clear(self.spec, self.pool, clear=not errors)
+        if adopted is None and errors:
             return False
-        adopted = await adopt_or_clear(self.spec, self.pool)
         self.owner = True  # the running gang is ours now, or was ended
         if adopted is not None:
             self.machine.to(GangState.PREFLIGHT, f"adopting launch {adopted.launch_id}")
-            self.placement, self.adopted = adopted.plan.placement, True
+            self.adopted = True
+            every = [node.name for node in self.spec.nodes]
+            if adopted.record is None or adopted.record.nodes in ([], every):
+                self.placement = adopted.plan.placement
+            else:  # on fewer nodes: every node's placement is decided once they answer
+                await self._place_every_node()
             self.supervisor.adopt(adopted)
             return True
         if self.previous is not None:  # a crashed run's ranks, recorded before we overwrote
             await end_stale_ranks(self.pool, self.previous.ranks)
-        synced = UpSync(ok=True)
-        if self.spec.model.sync:
-            synced = await sync_before_up(self.spec, self.pool, config_path)
+        return True
+
+    async def preflight(self, synced: UpSync) -> bool:
+        """Preflight on the synced nodes (`synced`: the outcome of the model's sync, or
+        ok without one). False: reported, do not start."""
         if not synced.ok:
             return False
         self.machine.to(GangState.PREFLIGHT)
@@ -136,6 +149,18 @@ class Instance:
             log.error("%spreflight failed, nothing was launched:\n%s", self._tag, report)
             return False
         return await self._links_answer(placement)
+
+    async def _place_every_node(self) -> None:
+        """The placement on every node (for a gang adopted on fewer nodes: the one the
+        switch back launches), once every node answers; until then none."""
+        if self.placement is not None or not all(n.connected for n in self.pool.nodes.values()):
+            return
+        try:
+            placed = place(self.spec, await self.pool.fingerprint_all())
+        except (TransportError, AgentRequestError) as exc:
+            log.warning("%sno placement on every node yet: %s", self._tag, exc)
+            return
+        self.placement = placed if isinstance(placed, Placement) else None
 
     async def _links_answer(self, placement: Placement | object) -> bool:
         unreachable = await self.links.check()
@@ -183,7 +208,7 @@ class Instance:
         plan = build_plan(spec, new_launch_id(), fingerprints, placement, self.machine_ranks)
         thinking_key.give_to_rank0(
             plan, thinking_key.ensure(self.spec.state_dir, self.spec.cluster.name))
-        return Gang(plan, self.pool, launch_record(spec, plan, fingerprints))
+        return Gang(plan, self.pool, launch_record(self.spec, plan, fingerprints, spec))
 
     def _record_launch(self, gang: Gang) -> None:
         # Kept for whoever must reach this launch's rank 0 later (an adopting orchestrator).

@@ -37,6 +37,7 @@ from orchestrator.gateway.view import ClusterView
 from orchestrator.instance import Instance
 from orchestrator.instance_metrics import merge_registries
 from orchestrator.preflight.shared_nodes import shared_memory_failures
+from orchestrator.provision.sync.up_sync import UpSync, sync_for_up
 from orchestrator.state_file import (
     ClusterState,
     orchestrator_alive,
@@ -133,9 +134,19 @@ class Service:
             remove_state(self.state_file)
 
     async def _prepare(self) -> bool:
-        """Every instance connected, adopted or preflighted; then the memory of nodes
-        shared by several instances, summed. False: reported, do not start."""
-        ready = await asyncio.gather(*(i.prepare(self.config_path) for i in self.instances))
+        """Every instance connected and adopted, or synced (each model once) and
+        preflighted; then the memory of nodes shared by several instances, summed. False:
+        reported, do not start."""
+        connected = await asyncio.gather(*(i.connect() for i in self.instances))
+        if not all(connected):
+            return False
+        launching = [i for i in self.instances if not i.adopted]
+        synced: dict[str, UpSync] = {}
+        if self.spec.model.sync and launching:  # each (model, node) once, however many share it
+            synced = await sync_for_up(self.spec, {i.name: (i.spec, i.pool) for i in launching},
+                                       [i.pool for i in self.instances], self.config_path)
+        ready = await asyncio.gather(
+            *(i.preflight(synced.get(i.name, UpSync(ok=True))) for i in launching))
         if not all(ready):
             return False
         fresh = {i.name: (i.spec, i.placement) for i in self.instances if not i.adopted}

@@ -1,7 +1,8 @@
 """Adopting the gang a previous orchestrator left running (it crashed, was killed, upgraded).
 
     connect (agents reached on their sockets) ─▶ each agent's ranks and launch record
-      ─▶ same launch everywhere, every rank running, same config, rank code and model?
+      ─▶ same launch on the record's nodes (every node, or those a re-plan on fewer nodes
+         kept), every rank running, same config, rank code and model?
            yes ─▶ Adopt: the gang serves on, no model load
            no  ─▶ say why, stop those ranks (each agent's own children), launch afresh
 
@@ -26,6 +27,7 @@ from orchestrator.config import ClusterSpec
 from orchestrator.launch import launch_secret
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import LaunchPlan, build_plan
+from orchestrator.placement.remaining import without
 from orchestrator.transports import AgentRequestError, TransportError
 from orchestrator.transports.pool import NodePool
 
@@ -57,15 +59,35 @@ def model_digest(spec: ClusterSpec, fingerprints: Mapping[str, NodeFingerprint])
 
 
 def launch_record(
-    spec: ClusterSpec, plan: LaunchPlan, fingerprints: Mapping[str, NodeFingerprint]
+    spec: ClusterSpec,
+    plan: LaunchPlan,
+    fingerprints: Mapping[str, NodeFingerprint],
+    gang: ClusterSpec | None = None,
 ) -> LaunchRecord:
+    """`spec`: cluster.toml's (the instance's); `gang`: the spec the gang runs when it
+    was re-planned on fewer nodes (fewer_nodes.py), else `spec`."""
+    gang = gang or spec
     return LaunchRecord(
         launch_id=plan.launch_id,
         config_digest=config_digest(spec),
         code_digest=rank_code_digest(),
-        model_digest=model_digest(spec, fingerprints),
+        model_digest=model_digest(gang, fingerprints),
         placement=plan.placement,
+        nodes=[node.name for node in gang.nodes],
     )
+
+
+def gang_spec(spec: ClusterSpec, record: LaunchRecord) -> ClusterSpec | str:
+    """The spec of the gang `record` describes: `spec` (cluster.toml's), or, for a gang
+    re-planned on fewer nodes, `spec` less the nodes it left out (as fewer_nodes.py made
+    it); a str says why the record's nodes cannot be cluster.toml's."""
+    names = [node.name for node in spec.nodes]
+    if not record.nodes or record.nodes == names:
+        return spec
+    if [name for name in names if name in record.nodes] != record.nodes:
+        return (f"launch {record.launch_id} runs on {', '.join(record.nodes)}: not nodes "
+                f"of cluster.toml ({', '.join(names)}) in their order")
+    return without(spec, [name for name in names if name not in record.nodes])
 
 
 def mismatch(
@@ -82,14 +104,17 @@ def mismatch(
     if len(launches) != 1:
         return f"the nodes run different launches ({', '.join(sorted(launches))})"
     record = next(r for r in records.values() if r is not None)
-    for rank, node in enumerate(spec.nodes):
+    gang = gang_spec(spec, record)
+    if isinstance(gang, str):
+        return gang
+    for rank, node in enumerate(gang.nodes):
         ranks = states[node.name].ranks if node.name in states else []
         if not any(i.rank == rank and i.launch_id == record.launch_id for i in ranks):
             return f"rank {rank} of launch {record.launch_id} no longer runs on {node.name}"
     checks = (
         ("cluster.toml", record.config_digest, config_digest(spec)),
         ("the ranks' code (contract, serving)", record.code_digest, rank_code_digest()),
-        ("the model files", record.model_digest, model_digest(spec, fingerprints)),
+        ("the model files", record.model_digest, model_digest(gang, fingerprints)),
     )
     for what, then, now in checks:
         if then != now:
@@ -97,24 +122,32 @@ def mismatch(
     return ""
 
 
-async def adopt_or_clear(spec: ClusterSpec, pool: NodePool) -> Gang | None:
-    """The running gang, adopted; None when there is none or it was ended (logged why)."""
-    names = list(pool.nodes)
+async def adopt_or_clear(spec: ClusterSpec, pool: NodePool, clear: bool = True) -> Gang | None:
+    """The running gang, adopted; None when there is none or it was ended (logged why).
+    Only the connected nodes are asked: a gang re-planned on fewer nodes is adopted with
+    the nodes it left out unreachable. `clear=False` (some node unreachable, so nothing
+    launches now): a gang that cannot be adopted is left running, not ended."""
+    names = [name for name, node in pool.nodes.items() if node.connected]
     replies = await asyncio.gather(*(pool.agent(name).launch_state() for name in names))
     states = {name: state for name, state in zip(names, replies, strict=True) if state.ranks}
     if not states:
         return None
-    fingerprints = await pool.fingerprint_all()
+    fingerprints = await pool.fingerprint_all(names)
     record = next((state.launch for state in states.values() if state.launch), None)
     why = mismatch(spec, states, fingerprints)
     kept = None
     if not why and record is not None:
         kept, why = _kept_secret(spec, record.launch_id)
     if why or record is None:
+        if not clear:
+            log.warning("not adopting the running gang: %s", why)
+            return None
         log.warning("not adopting the running gang: %s; ending it and launching afresh", why)
         await asyncio.gather(*(_stop_all(pool, name, spec) for name in states))
         return None
-    plan = build_plan(spec, record.launch_id, fingerprints, record.placement)
+    gang_of = gang_spec(spec, record)
+    assert not isinstance(gang_of, str)  # mismatch said so otherwise
+    plan = build_plan(gang_of, record.launch_id, fingerprints, record.placement)
     assert kept is not None
     # Rank 0 holds the launch's own secret and certificate: the gateway must send that
     # secret and pin that certificate, not the ones build_plan just made.

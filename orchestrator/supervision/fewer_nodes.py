@@ -18,11 +18,12 @@ import contextlib
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 
+from contract.adoption import LaunchRecord
 from contract.fingerprint import NodeFingerprint
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.launch.gang import Gang
-from orchestrator.placement.remaining import NotPlaced, place_remaining
+from orchestrator.placement.remaining import NotPlaced, place_remaining, without
 from orchestrator.state_file import RankRecord
 from orchestrator.supervision.interfaces import Answers
 from orchestrator.supervision.node_wait import NodeWait
@@ -80,6 +81,21 @@ def decide_away(
     reason = (f"on {len(fewer.nodes)} of {len(spec.nodes)} nodes, without {without}: {shape}; "
               "every node again once it answers")
     return Shrink(fewer, placement, away, reason)
+
+
+def adopted_shrink(spec: ClusterSpec, record: LaunchRecord) -> Shrink | None:
+    """The re-plan an adopted gang serves when its record names fewer nodes than `spec`
+    (a previous orchestrator re-planned it, then exited): the supervisor serves it as its
+    own re-plan, and returns to every node once the others answer. None: every node."""
+    names = [node.name for node in spec.nodes]
+    if not record.nodes or record.nodes == names:
+        return None
+    away = tuple(name for name in names if name not in record.nodes)
+    placement = record.placement
+    shape = f"{placement.mode} ({placement.reason})" if placement else "placement not decided"
+    reason = (f"on {len(record.nodes)} of {len(names)} nodes, without {', '.join(away)} "
+              f"(adopted launch {record.launch_id}): {shape}; every node again once it answers")
+    return Shrink(without(spec, away), placement, away, reason)
 
 
 class FewerNodes:

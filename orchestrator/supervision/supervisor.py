@@ -35,7 +35,7 @@ from orchestrator.supervision.failures import (
     RunResult,
     classify_spawn,
 )
-from orchestrator.supervision.fewer_nodes import FewerNodes, Shrink
+from orchestrator.supervision.fewer_nodes import FewerNodes, Shrink, adopted_shrink
 from orchestrator.supervision.gang_stop import stop_gang, unwatch_links
 from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.metrics import OrchestratorMetrics
@@ -74,6 +74,9 @@ class Supervisor:
         holders: Holders | None = None,
         on_launch: Callable[[Gang], None] = lambda gang: None,
         fewer_gang: Callable[[Shrink], Gang] | None = None,  # a gang on the nodes that remain
+        # Awaited before the switch back to every node (the placement of every node, when
+        # the gang adopted on fewer never had one).
+        before_every_node: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -88,6 +91,7 @@ class Supervisor:
         self.fewer.on_change = self.next.drop_standby  # a standby of another shape is no use
         self._ebusy_retried = False  # the one retry after EBUSY, until a gang is ready
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
+        self._before_every_node = before_every_node or _nothing
         self.policy = RestartPolicy(spec.supervisor, clock)
         self._stop = asyncio.Event()
         self._restart = asyncio.Event()
@@ -121,6 +125,9 @@ class Supervisor:
 
     def adopt(self, gang: Gang) -> None:  # serve this running gang first: no pre-launch checks
         self.next.adopt(gang)
+        shrink = adopted_shrink(self.spec, gang.record) if gang.record else None
+        if shrink is not None:  # it runs on fewer nodes: back to every node once they answer
+            self.fewer.shrink(shrink)
 
     def request_restart(self) -> None:
         """`orchestrator restart` / SIGHUP: a fresh restart budget, and a relaunch if failed."""
@@ -138,6 +145,7 @@ class Supervisor:
                     # The nodes away answer again: a planned switch back to every node.
                     self.machine.to(GangState.RESTARTING, self.fewer.back_reason)
                     await self._stop_gang()  # requests in flight finish; new ones are held
+                    await self._before_every_node()
                     self.fewer.restore()
                 elif result is None or not await self._recover(result):
                     break
@@ -298,3 +306,7 @@ class Supervisor:
                              unwatch_links(self.links), self.fewer.unwatch())
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
+
+
+async def _nothing() -> None:
+    return None

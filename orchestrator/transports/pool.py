@@ -136,7 +136,8 @@ class NodePool:
             node.usage, node.usage_at = event, time.monotonic()
         self._on_event(name, event)
 
-    async def fingerprint_all(self) -> dict[str, NodeFingerprint]:
+    async def fingerprint_all(self, only: list[str] | None = None) -> dict[str, NodeFingerprint]:
+        """Every node's fingerprint (of `only`, when given), kept as its latest."""
         async def one(name: str) -> NodeFingerprint:
             fingerprint = await self.agent(name).fingerprint(
                 self.spec.model.path, FINGERPRINT_TIMEOUT_S
@@ -144,7 +145,7 @@ class NodePool:
             self.nodes[name].fingerprint = fingerprint
             return fingerprint
 
-        names = list(self.nodes)
+        names = list(self.nodes) if only is None else only
         results = await asyncio.gather(*(one(name) for name in names))
         return dict(zip(names, results, strict=True))
 

@@ -14,13 +14,12 @@ import asyncio
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import msgspec
 
 from contract.model_ref import Bundled, parse_model_ref
-from contract.placement import Placement
 from orchestrator.config import ClusterSpec
 from orchestrator.provision.sync.instances import ModelGroup, model_groups
 from orchestrator.provision.sync.model_sync import (
@@ -32,7 +31,6 @@ from orchestrator.provision.sync.model_sync import (
     sync_model,
 )
 from orchestrator.provision.sync.progress import (
-    LogProgress,
     QuietProgress,
     RichProgress,
     SyncProgress,
@@ -170,6 +168,7 @@ def summary(report: SyncReport) -> dict[str, object]:
     """The --json document: the report plus each node's rate."""
     data = asdict(report)
     data.pop("placement")  # as each node's layers
+    data.pop("placements")
     if not report.instances:  # a file without [[instances]]: as it always was
         data.pop("instances")
     data["ok"] = report.ok
@@ -218,29 +217,3 @@ def render(report: SyncReport) -> str:
             f"  {n.node:<12} {n.status.upper() if n.status == 'failed' else n.status:<8} {detail}"
         )
     return "\n".join(lines)
-
-
-@dataclass
-class UpSync:
-    """What `up` with model.sync learns from the sync."""
-
-    ok: bool  # every node holds its files (else reported: do not launch)
-    # The pipeline split the nodes' shards were chosen for: `up` launches with this one
-    # rather than deciding again (memory read moments later could move a boundary layer
-    # onto a node that was not sent its shard).
-    placement: Placement | None = None
-
-
-async def sync_before_up(spec: ClusterSpec, pool: NodePool, config: Path) -> UpSync:
-    """`up` with model.sync: sync over the pool's connections, log the outcome."""
-    log = logging.getLogger("orchestrator.sync")
-    try:
-        report = await sync_model(
-            spec, pool, LogProgress(), spec.model.sync_from, f"orchestrator sync {config}"
-        )
-    except SyncError as exc:
-        log.error("model sync failed, nothing was launched: %s", exc)
-        return UpSync(ok=False)
-    for line in render(report).splitlines():
-        (log.info if report.ok else log.error)("%s", line)
-    return UpSync(ok=report.ok, placement=report.placement)

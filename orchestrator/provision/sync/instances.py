@@ -11,6 +11,7 @@ A file without `[[instances]]` is one group: the file's spec, every node, as bef
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -34,12 +35,18 @@ def model_groups(spec: ClusterSpec) -> list[ModelGroup]:
     """One group per distinct model path, in the order the instances first name them."""
     if not spec.instances:
         return [ModelGroup(spec, [spec], [])]
+    return group_instances(spec, instance_specs(spec))
+
+
+def group_instances(spec: ClusterSpec, derived: Mapping[str, ClusterSpec]) -> list[ModelGroup]:
+    """`derived` (some of the file's instance specs, by name) grouped by model path: what
+    `up` syncs, each (model, node) once, for the instances it launches afresh."""
     members: dict[str, list[tuple[str, ClusterSpec]]] = {}
-    for name, derived in instance_specs(spec).items():
-        members.setdefault(derived.model.path, []).append((name, derived))
+    for name, one in derived.items():
+        members.setdefault(one.model.path, []).append((name, one))
     groups = []
     for pairs in members.values():
-        names = {node.name for _, derived in pairs for node in derived.nodes}
+        names = {node.name for _, part in pairs for node in part.nodes}
         merged = msgspec.structs.replace(
             pairs[0][1],
             nodes=[node for node in spec.nodes if node.name in names],

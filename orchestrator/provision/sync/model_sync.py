@@ -49,6 +49,7 @@ class SyncReport:
     seconds: float = 0.0
     nodes: list[NodeOutcome] = field(default_factory=list)
     placement: Placement | None = None  # pipeline: the split each node's files are for
+    placements: list[Placement | None] = field(default_factory=list)  # per part (sync_model)
     instances: list[str] = field(default_factory=list)  # [[instances]] serving this model
 
     @property
@@ -82,6 +83,7 @@ async def sync_model(
             source.root = report.path  # as the source node expanded it
         context.subsets = await group_subsets(parts or [spec], pool, context.manifest, source)
         report.placement = context.subsets.placement
+        report.placements = context.subsets.placements
         if isinstance(source, LocalSource):
             context.head = HeadServer(Path(report.path))
             context.head.files = frozenset(f.path for f in context.manifest.files)

@@ -13,6 +13,7 @@ or a node that cannot be placed: every node gets the whole model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ class Subsets:
     manifests: dict[str, Manifest] = field(default_factory=dict)  # node ─▶ its files
     layers: dict[str, tuple[int, int]] = field(default_factory=dict)
     missing: dict[str, list[str]] = field(default_factory=dict)  # needed, not at the source
+    # Each instance's own pipeline split, in the order of merge_subsets' parts: `up`
+    # launches each instance with the split its shards were chosen for (up_sync.py).
+    placements: list[Placement | None] = field(default_factory=list)
 
     def manifest(self, node: str, whole: Manifest) -> Manifest:
         return self.manifests.get(node, whole)
@@ -121,10 +125,12 @@ async def group_subsets(
 
 def merge_subsets(parts: list[tuple[list[str], Subsets]], whole: Manifest) -> Subsets:
     """A node in several instances of one model gets the union of their files (the whole
-    model when one of them wants it whole); its layers are shown when one instance has it."""
+    model when one of them wants it whole); its layers are shown when one instance has it.
+    Each part's own placement is kept, in order."""
+    placements = [subsets.placement for _, subsets in parts]
     if len(parts) == 1:
-        return parts[0][1]
-    merged = Subsets()
+        return dataclasses.replace(parts[0][1], placements=placements)
+    merged = Subsets(placements=placements)
     for node in dict.fromkeys(name for names, _ in parts for name in names):
         mine = [subsets for names, subsets in parts if node in names]
         if any(node not in subsets.manifests for subsets in mine):

@@ -17,7 +17,7 @@ from contract.placement import Placement, RankShare
 from orchestrator.config import ClusterSpec
 from orchestrator.config.load import check_cluster_data
 from orchestrator.preflight.model import model_preflight
-from orchestrator.provision.sync import command
+from orchestrator.provision.sync import up_sync as up_sync_module
 from orchestrator.provision.sync.model_sync import SyncReport
 
 SHARDS = [
@@ -80,7 +80,7 @@ def test_up_checks_the_split_sync_sent_not_one_decided_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Split drift: a split decided again after sync (a boundary layer moved to n0) would
-    find n0 lacking s1; `up` gets sync's own split from sync_before_up and preflight passes."""
+    find n0 lacking s1; `up` gets sync's own split from sync_for_up and preflight passes."""
     prints = {"n0": node([*COMMON, "s2.safetensors"]), "n1": node([*COMMON, "s1.safetensors"])}
     drifted = Placement(mode="pipeline", reason="", layer_count=4, ranks=[
         RankShare(rank=0, node="n0", layers=(1, 4), weight_bytes=1, kv_bytes=1),
@@ -91,8 +91,10 @@ def test_up_checks_the_split_sync_sent_not_one_decided_again(
     async def synced(*args: object) -> SyncReport:
         return SyncReport(path="/m", source="this machine", placement=PIPELINE)
 
-    monkeypatch.setattr(command, "sync_model", synced)
+    monkeypatch.setattr(up_sync_module, "sync_model", synced)
     pool: Any = None  # not reached: sync_model is replaced
-    up_sync = asyncio.run(command.sync_before_up(spec(), pool, tmp_path / "c.toml"))
+    outcome = asyncio.run(up_sync_module.sync_for_up(
+        spec(), {"": (spec(), pool)}, [], tmp_path / "c.toml"))
+    up_sync = outcome[""]
     assert up_sync.ok and up_sync.placement is PIPELINE
     assert found(prints, up_sync.placement) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.model_manifest import Manifest, ManifestFile
+from contract.placement import Placement
 from orchestrator.config import check_cluster_file
 from orchestrator.provision.sync.instances import model_groups, models_by_node
 from orchestrator.provision.sync.subsets import Subsets, merge_subsets
@@ -75,12 +76,13 @@ def files(*paths: str) -> Manifest:
     return Manifest(files=[ManifestFile(path=p, size=10, sha256="x") for p in paths])
 
 
+SPLIT = Placement(mode="pipeline", reason="one", layer_count=12, ranks=[])
 WHOLE = files("config.json", "s1.safetensors", "s2.safetensors", "s3.safetensors")
 
 
 def test_a_node_in_two_pipeline_instances_gets_the_union_of_their_shards() -> None:
     """b holds layers of both instances: s1 (one) and s3 (other); a whole-model part wins."""
-    one = Subsets(manifests={"a": files("config.json", "s2.safetensors"),
+    one = Subsets(placement=SPLIT, manifests={"a": files("config.json", "s2.safetensors"),
                              "b": files("config.json", "s1.safetensors")},
                   layers={"a": (4, 8), "b": (0, 4)})
     other = Subsets(manifests={"b": files("config.json", "s3.safetensors"),
@@ -93,5 +95,7 @@ def test_a_node_in_two_pipeline_instances_gets_the_union_of_their_shards() -> No
                      "c": ["config.json", "s1.safetensors"]}
     assert merged.layers == {"a": (4, 8), "c": (0, 8)}  # b's two ranges are not one
     assert merged.missing == {"b": ["s4.safetensors"]}
+    assert merged.placements == [SPLIT, None]  # each instance's own split, for `up`
+    assert merge_subsets([(["a", "b"], one)], WHOLE).placements == [SPLIT]
     whole_on_b = merge_subsets([(["a", "b"], one), (["b"], Subsets())], WHOLE)
     assert whole_on_b.manifest("b", WHOLE) is WHOLE and "a" in whole_on_b.manifests
