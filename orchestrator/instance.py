@@ -22,7 +22,7 @@ from contract.placement import Placement
 from node_agent.host_ops import ports_in_use
 from orchestrator.config import ClusterSpec
 from orchestrator.launch import launch_secret, thinking_key
-from orchestrator.launch.adoption import adopt_or_clear, launch_record
+from orchestrator.launch.adoption import adopt_or_clear, launch_record, left_out
 from orchestrator.launch.gang import Gang
 from orchestrator.launch.plan import build_plan, new_launch_id
 from orchestrator.launch.plan_command import describe
@@ -122,8 +122,7 @@ class Instance:
         if adopted is not None:
             self.machine.to(GangState.PREFLIGHT, f"adopting launch {adopted.launch_id}")
             self.adopted = True
-            every = [node.name for node in self.spec.nodes]
-            if adopted.record is None or adopted.record.nodes in ([], every):
+            if adopted.record is None or not left_out(self.spec, adopted.record):
                 self.placement = adopted.plan.placement
             else:  # on fewer nodes: every node's placement is decided once they answer
                 await self._place_every_node()

@@ -77,17 +77,24 @@ def launch_record(
     )
 
 
+def left_out(spec: ClusterSpec, record: LaunchRecord) -> list[str]:
+    """cluster.toml's nodes the gang of `record` does not run on: those a re-plan on fewer
+    nodes left out; [] for a gang on every node (or an older record, which names none)."""
+    if not record.nodes:
+        return []
+    return [node.name for node in spec.nodes if node.name not in record.nodes]
+
+
 def gang_spec(spec: ClusterSpec, record: LaunchRecord) -> ClusterSpec | str:
     """The spec of the gang `record` describes: `spec` (cluster.toml's), or, for a gang
     re-planned on fewer nodes, `spec` less the nodes it left out (as fewer_nodes.py made
     it); a str says why the record's nodes cannot be cluster.toml's."""
     names = [node.name for node in spec.nodes]
-    if not record.nodes or record.nodes == names:
-        return spec
-    if [name for name in names if name in record.nodes] != record.nodes:
+    if record.nodes and [name for name in names if name in record.nodes] != record.nodes:
         return (f"launch {record.launch_id} runs on {', '.join(record.nodes)}: not nodes "
                 f"of cluster.toml ({', '.join(names)}) in their order")
-    return without(spec, [name for name in names if name not in record.nodes])
+    away = left_out(spec, record)
+    return without(spec, away) if away else spec
 
 
 def mismatch(

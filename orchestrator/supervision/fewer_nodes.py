@@ -22,6 +22,7 @@ from contract.adoption import LaunchRecord
 from contract.fingerprint import NodeFingerprint
 from contract.placement import Placement
 from orchestrator.config import ClusterSpec
+from orchestrator.launch.adoption import left_out
 from orchestrator.launch.gang import Gang
 from orchestrator.placement.remaining import NotPlaced, place_remaining, without
 from orchestrator.state_file import RankRecord
@@ -87,13 +88,12 @@ def adopted_shrink(spec: ClusterSpec, record: LaunchRecord) -> Shrink | None:
     """The re-plan an adopted gang serves when its record names fewer nodes than `spec`
     (a previous orchestrator re-planned it, then exited): the supervisor serves it as its
     own re-plan, and returns to every node once the others answer. None: every node."""
-    names = [node.name for node in spec.nodes]
-    if not record.nodes or record.nodes == names:
+    away = tuple(left_out(spec, record))
+    if not away:
         return None
-    away = tuple(name for name in names if name not in record.nodes)
     placement = record.placement
     shape = f"{placement.mode} ({placement.reason})" if placement else "placement not decided"
-    reason = (f"on {len(record.nodes)} of {len(names)} nodes, without {', '.join(away)} "
+    reason = (f"on {len(record.nodes)} of {len(spec.nodes)} nodes, without {', '.join(away)} "
               f"(adopted launch {record.launch_id}): {shape}; every node again once it answers")
     return Shrink(without(spec, away), placement, away, reason)
 
