@@ -20,8 +20,7 @@ import tomli_w
 from testkit.http_tls import default_tls
 from testkit.paths import ROOT
 from testkit.ports import free_port, free_port_block
-
-READY_POLL_S = 0.1  # every `up` in a test waits half of it on average, past ready
+from testkit.waiting import wait_healthy
 
 
 def write_cluster(
@@ -89,18 +88,13 @@ class Orchestrator:
         return self.descendants
 
     def wait_ready(self, url: str, timeout_s: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=2.0) as client:  # one client: a poll costs ~1 ms of CPU
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise AssertionError(
-                        f"orchestrator exited {self.process.returncode}:\n{self.text}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{url}/health").status_code == 200:
-                        self.remember_descendants()
-                        return
-                time.sleep(READY_POLL_S)
-        raise AssertionError(f"not ready within {timeout_s} s:\n{self.text[-4000:]}")
+        if not wait_healthy(url, timeout_s, self._check_alive):
+            raise AssertionError(f"not ready within {timeout_s} s:\n{self.text[-4000:]}")
+        self.remember_descendants()
+
+    def _check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise AssertionError(f"orchestrator exited {self.process.returncode}:\n{self.text}")
 
     def wait_exit(self, timeout_s: float = 120.0) -> int:
         code = self.process.wait(timeout_s)

@@ -18,14 +18,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from contract import rank_env
 from contract.settings import ModelSettings, RankSettings, ServingSettings, dump_settings
 from testkit.ports import free_ports
+from testkit.waiting import wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
-READY_POLL_S = 0.1  # every cluster start waits half of it on average, past ready
 
 
 @dataclass
@@ -80,18 +78,14 @@ class RankCluster:
 
     def wait_ready(self, timeout: float = 180.0) -> None:
         """Until /health says 200; fails early if any rank exits."""
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2) as client:  # one client: a poll costs ~1 ms of CPU
-            while time.monotonic() < deadline:
-                for rank, proc in enumerate(self.procs):
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"rank {rank} exited with {proc.returncode}:\n"
-                                           f"{self.log_text(rank)[-3000:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        return
-                time.sleep(READY_POLL_S)
-        raise TimeoutError(f"cluster not ready after {timeout} s:\n{self.log_text(0)[-3000:]}")
+        if not wait_healthy(self.base_url, timeout, self._check_ranks_alive):
+            raise TimeoutError(f"cluster not ready after {timeout} s:\n{self.log_text(0)[-3000:]}")
+
+    def _check_ranks_alive(self) -> None:
+        for rank, proc in enumerate(self.procs):
+            if proc.poll() is not None:
+                raise RuntimeError(f"rank {rank} exited with {proc.returncode}:\n"
+                                   f"{self.log_text(rank)[-3000:]}")
 
     def wait_exit(self, rank: int, timeout: float) -> int | None:
         """The rank's exit code, or None if it is still running after timeout."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -29,3 +30,21 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+HEALTH_POLL_S = 0.1  # every cluster a test starts waits half of it on average, past ready
+
+
+def wait_healthy(url: str, timeout_s: float, check_alive: Callable[[], None]) -> bool:
+    """Until `url`/health answers 200 (True) or `timeout_s` passed (False). One client for
+    every ask (a poll then costs ~1 ms of CPU, not a CA load); `check_alive()` runs before
+    each and raises when what should answer has exited."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            check_alive()
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{url}/health").status_code == 200:
+                    return True
+            time.sleep(HEALTH_POLL_S)
+    return False
