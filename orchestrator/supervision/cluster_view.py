@@ -81,7 +81,7 @@ class SupervisorView:
 
     def wake_workers(self) -> None:
         """A request is on its way to rank 0: end the workers' idle sleep now, so it does
-        not wait up to 90% of keepalive_s for their next receive. Best effort, at most
+        not wait up to keepalive_s for their next receive. Best effort, at most
         every WAKE_EVERY_S, in the background."""
         gang, now = self.gang, self._clock()
         if self.state != GangState.READY or gang is None or len(gang.ranks) < 2:

@@ -1,8 +1,8 @@
 """A worker's sleep between keepalives, which SIGUSR2 ends at once.
 
-MLX's ring backend busy-polls while a collective waits, so an idle worker sleeps most of
-each keepalive interval instead of waiting in its next receive. A request arriving then
-waited for the sleep to end (up to 0.45 s with keepalive_s = 0.5). The orchestrator's
+MLX's ring backend busy-polls while a collective waits, so an idle worker sleeps until just
+before each keepalive instead of waiting in its next receive. A request arriving then
+waited for the sleep to end (up to 0.5 s with keepalive_s = 0.5). The orchestrator's
 gateway therefore has the node agents send the workers SIGUSR2 as it forwards a request
 to rank 0 (agent message Wake); the signal's wakeup fd ends the sleep. A wake that comes
 while the worker is busy leaves a byte behind, which ends its next sleep early: one

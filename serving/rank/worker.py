@@ -17,7 +17,11 @@ from serving.rank.idle_wake import IdleSleep
 from serving.rank.startup import exit_for, join_group, load_and_sync, make_batch
 
 log = logging.getLogger(__name__)
-IDLE_SLEEP_SHARE = 0.9  # of the keepalive interval, spent asleep rather than polling
+# An idle worker queues its next receive this long before rank 0's next keepalive is due:
+# MLX's ring busy-polls from then until rank 0 joins, so the margin is what idling costs
+# (a 90% share of keepalive_s slept polled 50 ms of every 500: 10% of a core per idle
+# worker, measured; this margin: 1%). Arriving late only moves the poll to rank 0.
+IDLE_POLL_MARGIN_S = 0.005
 
 
 class Desync(Exception):
@@ -72,7 +76,7 @@ def run_worker(
     The next plan's receive is queued before each step's forward pass, in the order
     rank 0 queues its send, so this rank builds step s+1 while step s computes.
     MLX's ring backend busy-polls while a collective waits, so after a keepalive the
-    worker sleeps most of the interval before queueing the next receive; a request on
+    worker sleeps until just before the next one is due before queueing its receive; a request on
     its way to rank 0 ends that sleep (serving/rank/idle_wake.py).
     """
     stop = threading.Event()
@@ -91,7 +95,7 @@ def run_worker(
             log.info("SIGTERM received: leaving")
             return RankExit.OK
         if plan.kind == PlanKind.KEEPALIVE:
-            idle.sleep(keepalive_s * IDLE_SLEEP_SHARE)
+            idle.sleep(max(0.0, keepalive_s - IDLE_POLL_MARGIN_S))
         if plan.kind != PlanKind.STEP:
             pending = channel.receive_async()
             continue

@@ -401,7 +401,7 @@ def leftover_rank(launch_id: str) -> Iterator[subprocess.Popen[bytes]]:
 def test_a_request_through_the_gateway_wakes_idle_workers(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    """Idle workers sleep 90% of keepalive_s between keepalives. A request sent to rank 0
+    """Idle workers sleep until just before each keepalive. A request sent to rank 0
     directly mid-sleep waits for the sleep's end; one through the gateway does not: the
     agents signal the workers as the gateway forwards it (serving/rank/idle_wake.py)."""
     config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2], serving={"keepalive_s": 2.0})
@@ -417,7 +417,7 @@ def test_a_request_through_the_gateway_wakes_idle_workers(
             reply.raise_for_status()
 
         send()
-        time.sleep(2.5)  # keepalive at 2.0 s, then the workers sleep until 3.8 s
+        time.sleep(2.5)  # keepalive at 2.0 s, then the workers sleep until ~4.0 s
         started = time.monotonic()
         send()
         return time.monotonic() - started
