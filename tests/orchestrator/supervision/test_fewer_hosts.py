@@ -18,7 +18,7 @@ from testkit.load import Load
 from testkit.netns import HostsFactory
 from testkit.orchestrator_process import run_cli, running, write_cluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 NODE_WAIT_S = 2.0
 REQUEST_TIMEOUT_S = 60.0
