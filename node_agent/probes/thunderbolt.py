@@ -6,14 +6,16 @@ reads it (mlx/_distributed_utils/config.py, `extract_connectivity`):
       {"domain_uuid_key": "<this port's UUID>",
        "receptacle_1_tag": {"receptacle_id_key": "2", "current_speed_key": "Up to 80 Gb/s"},
        "_items": [{"domain_uuid_key": "<UUID of the port at the cable's other end>",
-                   "device_name_key": "Mac Studio", ...}]}, ...]}
+                   "_name": "Mac Studio", "device_name_key": "Mac15,14", ...}]}, ...]}
 
     $ networksetup -listallhardwareports
     Hardware Port: Thunderbolt 2                      receptacle 2 is interface en3
     Device: en3
 
 A cable between two Macs shows on each end as a connected item carrying the other port's
-domain UUID: matching UUIDs across hosts finds the cables.
+domain UUID: matching UUIDs across hosts finds the cables. A drive or dock on a port is an
+item without one (real captures: tests/fixtures/README.md): it is no cable to a Mac, and
+`mlx.distributed_config`, which reads `_items[0]["domain_uuid_key"]`, fails on it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class ThunderboltPort:
     receptacle: str  # "2": the "Thunderbolt 2" hardware port
     uuid: str  # this port's domain UUID
     connected_to: str | None  # the domain UUID at the other end of its cable, if a Mac
-    peer_name: str | None = None  # what the other end calls itself ("Mac Studio")
-    speed: str | None = None  # "Up to 80 Gb/s" (Thunderbolt 5), "Up to 40 Gb/s" (4)
+    peer_name: str | None = None  # the Mac at the other end ("Mac Studio", its `_name`)
+    speed: str | None = None  # "80 Gb/s" connected over TB5; "Up to 120 Gb/s" idle TB5
+    device: str | None = None  # a drive or dock on the port, not a Mac ("Envoy Ultra")
 
 
 def parse_thunderbolt(text: str) -> list[ThunderboltPort]:
@@ -41,14 +44,19 @@ def parse_thunderbolt(text: str) -> list[ThunderboltPort]:
         receptacle = tag.get("receptacle_id_key")
         if uuid is None or receptacle is None:
             continue
-        connected = [item for item in entry.get("_items", []) if "domain_uuid_key" in item]
+        items = entry.get("_items", [])
+        macs = [item for item in items if "domain_uuid_key" in item]
+        others = [item for item in items if "domain_uuid_key" not in item]
+        peer = macs[0] if macs else {}
         ports.append(
             ThunderboltPort(
                 receptacle=str(receptacle),
                 uuid=uuid,
-                connected_to=connected[0]["domain_uuid_key"] if connected else None,
-                peer_name=connected[0].get("device_name_key") if connected else None,
+                connected_to=peer.get("domain_uuid_key"),
+                peer_name=peer.get("_name") or peer.get("device_name_key"),
                 speed=tag.get("current_speed_key"),
+                device=(others[0].get("_name") or others[0].get("device_name_key") or
+                        "a device") if others else None,
             )
         )
     return ports

@@ -5,7 +5,8 @@
     4+ Macs, every pair cabled, jaccl possible ──▶ a JACCL mesh: each node's `rdma` towards
         every rank (what `mlx.distributed_config` writes for a mesh), no [[links]]
     cables close a ring ──▶ [[links]] in ring order (2 hosts: one cable is the ring)
-        every Mac RDMA-enabled, macOS 26.2+, each cable end's rdma_<if> present ──▶ jaccl
+        every Mac RDMA-enabled, macOS 26.2+, each cable end's rdma_<if> present and not
+        shown down by ibv_devinfo ──▶ jaccl
         otherwise ──▶ ring over the cables' addresses (proposed /30s where missing)
     no ring of cables ──▶ ring backend over the subnet every host shares (a switch)
 """
@@ -200,8 +201,13 @@ def _jaccl_missing(cables: list[Cable], hosts: list[HostProbe]) -> Iterator[str]
             continue
         for cable in cables:
             end = cable.end(index) if index in cable.hosts else None
-            if end and f"rdma_{end.interface}" not in host.rdma_devices:
-                yield f"  {host.target}: no device rdma_{end.interface} in ibv_devices"
+            device = f"rdma_{end.interface}" if end else None
+            if device and device not in host.rdma_devices:
+                yield f"  {host.target}: no device {device} in ibv_devices"
+            elif device in host.rdma_down:  # TN3205: active once both ends have RDMA on
+                yield (f"  {host.target}: {device} has no active port (ibv_devinfo): RDMA "
+                       "is off at the cable's other end, or the port does none (on a Mac "
+                       "Studio the Thunderbolt port next to Ethernet: exo's README)")
 
 
 def _mesh_layout(hosts: list[HostProbe], names: list[str], cables: list[Cable]) -> Layout | None:

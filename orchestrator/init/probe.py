@@ -91,6 +91,7 @@ class HostProbe:
     rdma_status: str = "unavailable"  # rdma_ctl status: "enabled", "disabled"
     rdma_devices: list[str] = field(default_factory=list)  # ibv_devices
     rdma_active: list[str] = field(default_factory=list)  # devices with a PORT_ACTIVE port
+    rdma_down: list[str] = field(default_factory=list)  # ibv_devinfo: no port active
     notes: list[str] = field(default_factory=list)  # what could not be probed, and why
     link_local: dict[str, str] = field(default_factory=dict)  # Linux: iface -> fe80::...
     neighbours: list[tuple[str, str]] = field(default_factory=list)  # neighbours.py
@@ -169,7 +170,9 @@ def _apply_rdma(host: HostProbe, ctl: str | None, names: str | None, info: str |
         except ValueError as exc:
             host.notes.append(str(exc))
     host.rdma_devices = rdma.parse_ibv_devices(names or "")
-    host.rdma_active = [d.name for d in rdma.parse_ibv_devinfo(info or "") if d.active]
+    devices = rdma.parse_ibv_devinfo(info or "")
+    host.rdma_active = [d.name for d in devices if d.active]
+    host.rdma_down = [d.name for d in devices if not d.active]
 
 
 async def _probe_linux(host: HostProbe, run: Runner) -> None:

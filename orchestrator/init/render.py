@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from contract.settings import DEFAULT_MODEL
 from orchestrator.init.cables import Cable
 from orchestrator.init.layout import Layout, LinkPlan
-from orchestrator.init.probe import DEFAULT_SSH_PORT, HostProbe
+from orchestrator.init.probe import DEFAULT_SSH_PORT, HostProbe, TbPort
 
 BOOTSTRAP_VENV = "~/.venvs/mlx-cluster"
 
@@ -175,9 +175,7 @@ def _found(host: HostProbe, owners: dict[str, str]) -> list[str]:
     if addrs:
         lines.append(f"#   addresses: {', '.join(addrs)}")
     if host.thunderbolt:
-        ports = [f"{p.port.receptacle} ({p.interface or '?'}) -> "
-                 + (owners.get(p.port.connected_to) or p.port.peer_name or "a device"
-                    if p.port.connected_to else "nothing")
+        ports = [f"{p.port.receptacle} ({p.interface or '?'}) -> {_peer(p, owners)}"
                  + (f", {p.port.speed}" if p.port.speed else "") for p in host.thunderbolt]
         lines.append(f"#   Thunderbolt ports: {'; '.join(ports)}")
     if host.is_mac:
@@ -186,6 +184,15 @@ def _found(host: HostProbe, owners: dict[str, str]) -> list[str]:
         lines.append(f"#   RDMA: {host.rdma_status}; devices: {', '.join(devices) or 'none'}")
     lines += [f"#   not probed: {note}" for note in host.notes]
     return lines
+
+
+def _peer(port: TbPort, owners: dict[str, str]) -> str:
+    """A port's other end: a probed host by name, another Mac, a drive or dock, nothing."""
+    if port.port.connected_to:
+        return owners.get(port.port.connected_to) or port.port.peer_name or "a Mac"
+    if port.port.device:
+        return f"{port.port.device} (not a Mac)"
+    return "nothing"
 
 
 def memory_source(host: HostProbe) -> str:

@@ -191,3 +191,15 @@ def test_an_ssh_port_given_with_the_host_is_the_nodes_ssh_port() -> None:
     check_cluster_data(data, Path("cluster.toml"))
     assert ["ssh_port" in n for n in data["nodes"]] == [False, True]
     assert data["nodes"][1]["ssh_port"] == 2222 and data["nodes"][1]["ssh"] == STUDIOS["studio-b"]
+
+
+def test_a_cable_whose_rdma_port_is_down_gets_the_ring_backend_and_names_it() -> None:
+    """ibv_devinfo shows studio-b's rdma_en3 (the cable's end) with no active port: jaccl
+    would fail at preflight, so init writes ring and says which device, and why."""
+    targets = {k: STUDIOS[k] for k in ("studio-a", "studio-b")}
+    hosts = recorded_hosts("studio-pair-tb5-rdma", targets)
+    assert hosts[1].rdma_down == ["rdma_en2", "rdma_en4", "rdma_en5"]  # as recorded
+    hosts[1].rdma_down.append("rdma_en3")
+    layout = plan_layout(hosts, node_names(list(targets.values())))
+    assert layout.backend == "ring" and layout.links[0].rdma is None
+    assert any("me@studio-b.local: rdma_en3 has no active port" in r for r in layout.reasons)
