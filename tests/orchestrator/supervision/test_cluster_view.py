@@ -50,11 +50,15 @@ async def test_two_supervisors_in_one_process_fail_and_restart_apart(harness) ->
     """Two supervision loops side by side (one per model instance): a crash in one
     restarts that one only; the other's gang, view and counts are untouched."""
     crashing, steady = harness(), harness()
-    await crashing.ready_gang(1)
+    crashed = await crashing.ready_gang(1)
     kept = await steady.ready_gang(1)
     crashing.crash(1, returncode=1)
     await crashing.ready_gang(2)
     assert crashing.supervisor.view.restarts == 1
+    # The crash, noted for the gateway under the launch it ended (a suspect's cause)
+    noted = await crashing.supervisor.view.failure_of(crashed.launch_id, 0.0)
+    assert noted is not None and (noted.cause, noted.exit_code) == (Cause.RANK_CRASHED, 1)
+    assert await steady.supervisor.view.failure_of(kept.launch_id, 0.0) is None
     assert steady.supervisor.view.restarts == 0 and steady.supervisor.view.history == deque()
     assert steady.supervisor.view.gang is kept and all(r.running for r in kept.ranks.values())
     assert steady.supervisor.view.state == GangState.READY
