@@ -66,7 +66,7 @@ from orchestrator.gateway.openapi import (
 )
 from orchestrator.gateway.proxy import Proxy, ProxyResult
 from orchestrator.gateway.rank0_metrics import Rank0Metrics
-from orchestrator.gateway.routing import ModelRoute, ModelRouter, model_of
+from orchestrator.gateway.routing import ModelRouter, model_of
 from orchestrator.gateway.scrape import rank0_metrics
 from orchestrator.gateway.view import ClusterView
 from orchestrator.status.model import ClusterStatus
@@ -347,11 +347,6 @@ def rank0_session() -> aiohttp.ClientSession:
     )
 
 
-def _books(route: ModelRoute, fallback: GatewayCounters) -> Callable[[str], GatewayCounters]:
-    """A launch id's counters on `route`: its replica's (orchestrator/gateway/booking.py)."""
-    return lambda launch: route.counters_of(launch) or fallback
-
-
 def create_app(
     view: ClusterView,
     status: Callable[[], ClusterStatus],
@@ -379,7 +374,7 @@ def create_app(
             for route in router.routes.values() if router else ():
                 gateway.proxies[route.model_id] = Proxy(
                     route, client, gateway.unrouted, request_timeout_s, route.in_flight,
-                    books=_books(route, gateway.unrouted))
+                    books=route.books(gateway.unrouted))
             try:
                 yield
             finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -52,6 +53,10 @@ class ModelRoute:
         if replica is not None and replica.counters is not None:
             return replica.counters
         return next((r.counters for r in self.replicas if r.counters is not None), None)
+
+    def books(self, fallback: GatewayCounters) -> Callable[[str], GatewayCounters]:
+        """A launch id's counters for the proxy (`fallback`: replicas without any)."""
+        return lambda launch: self.counters_of(launch) or fallback
 
     async def failure_of(self, launch_id: str, timeout_s: float) -> RankFailure | None:
         """The failure of `launch_id`, as its replica's supervisor saw it first."""
