@@ -2,6 +2,7 @@
 
     /work/coord/bin/heavy .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
                                                    [--tokens 64] [--kills 3]
+                                                   [--failover-only]
 
 One run, three servers up side by side on the same model (the bundled SmolLM2, float32
 with OpenBLAS as the ranks serve it) on this machine:
@@ -30,7 +31,10 @@ burst without a kill, failed requests, when the gateway's /status showed the rep
 ready and when it was ready again. Target: served within 2 s of the kill.
 
 Figures go to bench/results/instances-<timestamp>.json, with the BLAS threads each rank
-reported and the orchestrators' logs.
+reported and the orchestrators' logs. `--failover-only` starts only `two` and measures
+failover (bench/results/instances-failover-<timestamp>.json), keeping for each kill every
+stream's sent, first and last token times and the orchestrator's log lines of the next
+30 s, each at its arrival, all in seconds from the kill.
 """
 
 from __future__ import annotations
