@@ -2,6 +2,7 @@
 
     /work/coord/bin/heavy .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
                                                    [--tokens 64] [--kills 3]
+                                                   [--failover-only]
 
 One run, three servers up side by side on the same model (the bundled SmolLM2, float32
 with OpenBLAS as the ranks serve it) on this machine:
@@ -30,7 +31,10 @@ burst without a kill, failed requests, when the gateway's /status showed the rep
 ready and when it was ready again. Target: served within 2 s of the kill.
 
 Figures go to bench/results/instances-<timestamp>.json, with the BLAS threads each rank
-reported and the orchestrators' logs.
+reported and the orchestrators' logs. `--failover-only` starts only `two` and measures
+failover (bench/results/instances-failover-<timestamp>.json), keeping for each kill every
+stream's sent, first and last token times and the orchestrator's log lines of the next
+30 s, each at its arrival, all in seconds from the kill.
 """
 
 from __future__ import annotations
@@ -211,6 +215,14 @@ def served_after(t0: float, times: list[StreamTimes]) -> float | None:
     return max(firsts) - t0 if len(firsts) == len(times) else None
 
 
+def stream_times(t0: float, times: StreamTimes) -> dict[str, float | None]:
+    def since(t: float | None) -> float | None:
+        return None if t is None else round(t - t0, 3)
+    return {"sent_s": since(times.started),
+            "first_token_s": since(times.arrivals[0] if times.arrivals else None),
+            "last_token_s": since(times.arrivals[-1] if times.arrivals else None)}
+
+
 def measure_failover(url: str, orchestrator: Orchestrator, args: argparse.Namespace,
                      ) -> list[dict[str, Any]]:
     """Per kill: a control burst pair, then the same with one replica's rank killed."""
@@ -233,6 +245,12 @@ def measure_failover(url: str, orchestrator: Orchestrator, args: argparse.Namesp
             "control_failed": [t.error for t in control if t.error],
             "status_not_ready_s": None if watch.left is None else watch.left - t0,
             "ready_again_s": None if watch.back is None else watch.back - t0,
+            # Each stream from the kill: sent, first token, last token (why it was late)
+            "streams": [stream_times(t0, t) for t in times],
+            "control_streams": [stream_times(c0, t) for t in control],
+            # The orchestrator's lines from the kill on, each at its arrival (s from the kill)
+            "log_from_kill": [(round(t - t0, 3), line) for t, line in list(orchestrator.lines)
+                              if t0 <= t <= t0 + 30],
         }
         runs.append(run)
         print(f"  kill {kill} ({name}): served {run['served_s']} s after the kill "
@@ -277,7 +295,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens per stream")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--failover-tokens", type=int, default=16)
+    parser.add_argument("--failover-only", action="store_true",
+                        help="start only `two` and measure failover (no rates)")
     args = parser.parse_args()
+    if args.failover_only:
+        failover_only(args)
+        return
     model_dir = resolve(RankSettings(model=ModelSettings(path=BUNDLED)),
                         float32=find_openblas() is not None)  # as the ranks serve it
     logs: dict[str, list[str]] = {}
@@ -302,6 +325,21 @@ def main() -> None:
     out.write_text(json.dumps({"meta": meta, "rates": rates, "raw_rates": raw,
                                "failover": failover, "failover_runs": runs,
                                "blas_lines": blas, "logs": logs}, indent=2))
+    print(f"\nwrote {out}")
+
+
+def failover_only(args: argparse.Namespace) -> None:
+    """`--failover-only`: `two` alone, the kills, its log."""
+    with tempfile.TemporaryDirectory(prefix="instances-bench-") as tmp, \
+            ours(Path(tmp), "inst-two", 2) as (two_url, two):
+        runs = measure_failover(two_url, two, args)
+        log = two.output
+    failover = failover_summary(runs)
+    print_summary({}, failover)
+    out = REPO / "bench" / "results" / f"instances-failover-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": vars(args), "failover": failover,
+                               "failover_runs": runs, "logs": {"two": log}}, indent=2))
     print(f"\nwrote {out}")
 
 

@@ -3,7 +3,8 @@
 Each instance has its own OrchestratorMetrics (its own registry: nothing shared between
 supervisors); /metrics serves them merged, family by family, with the label
 `model_instance` added. Not `instance`: Prometheus sets that one itself (the scrape
-target), and would rename ours to `exported_instance`.
+target), and would rename ours to `exported_instance`. A part named "" is served without
+the label (the gateway's counters of requests no instance saw).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class _Merged(Collector):
                     merged = families[family.name] = Metric(
                         family.name, family.documentation, family.type, family.unit)
                 merged.samples += [
-                    sample._replace(labels={**sample.labels, LABEL: name})
+                    sample._replace(labels={**sample.labels, LABEL: name}) if name else sample
                     for sample in family.samples
                 ]
         yield from families.values()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from contract.fingerprint import ranks_per_machine
 from contract.http_limits import raise_file_limit, server_options
@@ -50,6 +51,8 @@ from orchestrator.status.instances import build_instances_status
 from orchestrator.status.model import ClusterStatus
 from orchestrator.status.report import build_status
 from orchestrator.supervision.failures import RunResult
+from orchestrator.supervision.metrics import GatewayCounters
+from orchestrator.supervision.progress import ServingSample
 from orchestrator.supervision.state import GangState
 from orchestrator.supervision.supervisor import Supervisor
 
@@ -175,7 +178,7 @@ class Service:
         for instance in self.instances:
             model = instance.spec.model
             by_id.setdefault(model.served_id, []).append(
-                Replica(instance.name, instance.supervisor.view))
+                Replica(instance.name, instance.supervisor.view, instance.metrics))
             aliases.update({alias: model.served_id for alias in model.aliases})
         routes = [ModelRoute(model_id, replicas) for model_id, replicas in by_id.items()]
         everything = ModelRoute("", [Replica(i.name, i.supervisor.view) for i in self.instances])
@@ -185,9 +188,12 @@ class Service:
         api_key = os.environ.get(self.spec.api.api_key_env) if self.spec.api.api_key_env else None
         view, router = self._gateway_parts()
         first = self.instances[0]
-        if self.several:
+        # With several instances, the gateway's counters of requests no instance saw
+        # (orchestrator/gateway/booking.py), served without the model_instance label.
+        counters = GatewayCounters(CollectorRegistry()) if self.several else None
+        if counters is not None:
             self.metrics.expose(merge_registries(
-                {i.name: i.metrics.registry for i in self.instances}))
+                {"": counters.registry, **{i.name: i.metrics.registry for i in self.instances}}))
         app = create_app(
             view,
             self._status,
@@ -196,6 +202,8 @@ class Service:
             request_timeout_s=self.spec.serving.request_timeout_s,
             serving=lambda: first.supervisor.view.snapshot().serving,
             router=router,
+            counters=counters,
+            instances_serving=self._instances_serving if self.several else None,
         )
         server = uvicorn.Server(
             uvicorn.Config(
@@ -229,6 +237,10 @@ class Service:
     @staticmethod
     async def _all_ended(supervisions: list[asyncio.Task[RunResult]]) -> None:
         await asyncio.wait(supervisions)
+
+    def _instances_serving(self) -> dict[str, ServingSample | None]:
+        """Each instance's rank 0 counters, as its supervisor scraped them (the charts)."""
+        return {i.name: i.supervisor.view.snapshot().serving for i in self.instances}
 
     def _status(self) -> ClusterStatus:
         if not self.several:

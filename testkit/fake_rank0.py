@@ -14,6 +14,7 @@ import httpx
 from aiohttp import web
 
 from orchestrator.status.model import ClusterStatus
+from orchestrator.supervision.failures import RankFailure
 from orchestrator.supervision.snapshot import Upstream
 from orchestrator.supervision.state import GangState
 
@@ -32,6 +33,7 @@ class FakeView:
         self.draining = False
         self.launch = "l1"
         self.wakes = 0  # requests that told the view to wake the workers
+        self.failures: dict[str, RankFailure] = {}  # by launch id, as the supervisor saw them
 
     def to(self, state: GangState, launch: str | None = None, reason: str = "") -> None:
         self.state, self.reason = state, reason
@@ -50,6 +52,16 @@ class FakeView:
             await asyncio.sleep(0.01)
         return Upstream(f"{self.base_url}/rank0-{self.launch}", self.launch,
                         secret=f"secret-{self.launch}")
+
+
+    async def failure_of(self, launch_id: str, timeout_s: float) -> RankFailure | None:
+        """As the supervisor's view: waits while `launch_id` is the ready launch."""
+        deadline = time.monotonic() + timeout_s
+        while launch_id not in self.failures and time.monotonic() < deadline:
+            if self.state != GangState.READY or self.launch != launch_id or self.draining:
+                break
+            await asyncio.sleep(0.01)
+        return self.failures.get(launch_id)
 
 
 class Chunks(httpx.AsyncByteStream):

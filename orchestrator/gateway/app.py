@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,7 @@ from contract.openai_schemas import (
 from contract.responses_schemas import RESPONSES_PATH, ResponsesRequest
 from contract.responses_schemas import Response as ResponseBody
 from contract.responses_schemas import StreamEvent as ResponsesEvent
+from orchestrator.gateway.booking import Booking
 from orchestrator.gateway.charts import ChartHistory, sampling
 from orchestrator.gateway.errors import (
     ClientGone,
@@ -69,7 +70,7 @@ from orchestrator.gateway.routing import ModelRouter, model_of
 from orchestrator.gateway.scrape import rank0_metrics
 from orchestrator.gateway.view import ClusterView
 from orchestrator.status.model import ClusterStatus
-from orchestrator.supervision.metrics import OrchestratorMetrics
+from orchestrator.supervision.metrics import GatewayCounters, OrchestratorMetrics
 from orchestrator.supervision.progress import ServingSample
 from orchestrator.supervision.state import GangState
 
@@ -84,11 +85,18 @@ class Gateway:
 
     view: ClusterView
     status: Callable[[], ClusterStatus]
-    metrics: OrchestratorMetrics
+    metrics: OrchestratorMetrics  # serves /metrics; one instance: its requests booked here
     api_key: str | None
     router: ModelRouter | None = None  # several models: which route a request's model takes
     proxy: Proxy | None = None
     proxies: dict[str, Proxy] = field(default_factory=dict)  # by model id, with a router
+    # Where a request no instance saw is booked: `metrics`, or with several instances
+    # the gateway's own (orchestrator/gateway/booking.py).
+    counters: GatewayCounters | None = None
+
+    @property
+    def unrouted(self) -> GatewayCounters:
+        return self.counters or self.metrics
 
     def proxy_for(self, body: bytes) -> Proxy:
         """The proxy of the model the request names (one model: the only proxy)."""
@@ -253,9 +261,11 @@ async def _forward(request: Request, state: State, path: str) -> Response[Any]:
     headers = dict(request.headers)
     check_utf8(body, headers)
     proxy = _gateway(state).proxy_for(body)
-    forward = proxy.forward(request.method, path, request.url.query or "", headers, body)
+    booking = request.state.booking = Booking(proxy.books(""))  # errors.py books there too
+    forward = proxy.forward(request.method, path, request.url.query or "", headers, body,
+                            booking)
     result = await _unless_client_leaves(request, forward)
-    _gateway(state).metrics.responses.labels(status=str(result.status)).inc()
+    booking.counters.responses.labels(status=str(result.status)).inc()
     if result.rest is None:
         return Response(result.first_chunk, status_code=result.status, headers=result.headers)
     return Stream(
@@ -346,10 +356,14 @@ def create_app(
     request_timeout_s: float,
     serving: Callable[[], ServingSample | None] | None = None,
     router: ModelRouter | None = None,
+    counters: GatewayCounters | None = None,
+    instances_serving: Callable[[], Mapping[str, ServingSample | None]] | None = None,
 ) -> Litestar:
     """`serving`: rank 0's latest counters as the supervisor scraped them, for the charts.
-    `router`: several instances (`view` is then every instance together, for /health)."""
-    gateway = Gateway(view, status, metrics, api_key, router)
+    `router`: several instances (`view` is then every instance together, for /health).
+    `counters`: where requests no instance saw are booked (default: `metrics`).
+    `instances_serving`: each instance's `serving`, by name (the charts per instance)."""
+    gateway = Gateway(view, status, metrics, api_key, router, counters=counters)
     charts = ChartHistory()
 
     @asynccontextmanager
@@ -359,7 +373,8 @@ def create_app(
                 gateway.proxy = Proxy(view, client, metrics, request_timeout_s)
             for route in router.routes.values() if router else ():
                 gateway.proxies[route.model_id] = Proxy(
-                    route, client, metrics, request_timeout_s, route.in_flight)
+                    route, client, gateway.unrouted, request_timeout_s, route.in_flight,
+                    books=route.books(gateway.unrouted))
             try:
                 yield
             finally:
@@ -372,7 +387,7 @@ def create_app(
             metrics_endpoint,
             Router("/status", route_handlers=[live_endpoint], guards=[require_api_key]),
         ],
-        lifespan=[open_proxy, sampling(charts, status, serving)],
+        lifespan=[open_proxy, sampling(charts, status, serving, instances_serving)],
         state=State({"gateway": gateway, "charts": charts}),
         exception_handlers={
             ApiError: api_error_handler,

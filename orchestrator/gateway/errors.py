@@ -50,7 +50,11 @@ def _response(request: Request, exc: ApiError) -> Response[object]:
 
 def api_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    request.app.state.gateway.metrics.responses.labels(status=str(exc.status)).inc()
+    # Under the instance the request went to (orchestrator/gateway/booking.py), else the
+    # gateway's own: it never reached one (401, unknown model, ...).
+    booking = request.state.get("booking")
+    counters = booking.counters if booking is not None else request.app.state.gateway.unrouted
+    counters.responses.labels(status=str(exc.status)).inc()
     return _response(request, exc)
 
 

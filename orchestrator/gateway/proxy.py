@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,14 +29,17 @@ from contract.openai_errors import (
 )
 from contract.responses_schemas import RESPONSES_PATH
 from contract.responses_schemas import error_event as responses_error_event
+from orchestrator.gateway.booking import Booking
 from orchestrator.gateway.errors import unavailable
 from orchestrator.gateway.quarantine import (
+    CAUSE_WAIT_S,
     MAX_RESTARTS_PER_REQUEST,
     IsolationGate,
+    could_be_the_request,
     request_of_death,
 )
 from orchestrator.gateway.view import ClusterView, Upstream
-from orchestrator.supervision.metrics import OrchestratorMetrics
+from orchestrator.supervision.metrics import GatewayCounters
 from orchestrator.supervision.state import GangState
 from orchestrator.tls import pinned_for
 
@@ -81,17 +84,17 @@ TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 class UpstreamLost(Exception):
     """The gang went away before this request's response began. `in_flight`: rank 0 had
-    taken the request (a suspect), rather than refused it at the door."""
+    taken the request (maybe a suspect), rather than refused it at the door."""
 
     def __init__(self, message: str, *, in_flight: bool) -> None:
         super().__init__(message)
         self.in_flight = in_flight
+        self.launch_id = ""  # the launch that lost it (set by Proxy._attempt)
 
 
 # Rank 0's messages to the requests it held when its engine failed or it was stopped
 # (serving/rank/rank0.py, serving/engine/engine.py); Anthropic's shape carries no code.
 _IN_FLIGHT_MESSAGES = ("engine failed", "server is shutting down")
-CAUSE_WAIT_S = 10.0  # how long a quarantined request waits to name the gang's failure
 
 
 def engine_failed(body: bytes) -> bool:
@@ -128,11 +131,14 @@ class Proxy:
         self,
         view: ClusterView,
         client: aiohttp.ClientSession,
-        metrics: OrchestratorMetrics,
+        metrics: GatewayCounters,
         request_timeout_s: float,
         in_flight: Counter[str] | None = None,
+        books: Callable[[str], GatewayCounters] | None = None,
     ) -> None:
-        self.view, self.client, self.metrics = view, client, metrics
+        self.view, self.client = view, client
+        # A launch id's counters (orchestrator/gateway/booking.py); one instance: `metrics`.
+        self.books: Callable[[str], GatewayCounters] = books or (lambda _launch: metrics)
         self.request_timeout_s = request_timeout_s
         self.gate = IsolationGate()
         # This proxy's requests at each launch's rank 0, until their answer ends: the
@@ -140,64 +146,82 @@ class Proxy:
         self.in_flight: Counter[str] = Counter() if in_flight is None else in_flight
 
     async def forward(
-        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
+        booking: Booking | None = None,
     ) -> ProxyResult:
+        """`booking`: where the request is booked; moved to each instance it is sent to."""
+        booking = booking or Booking(self.books(""))
         deadline = time.monotonic() + self.request_timeout_s
         failed_launch = ""
         losses = 0  # gangs that failed with this request at rank 0
+        alone = False  # the last of them could be its doing: run it alone (a suspect)
         while True:
-            async with self._gate(isolated=losses > 0, deadline=deadline):
-                upstream = await self.view.wait_for_upstream(
-                    deadline - time.monotonic(), failed_launch)
-                if upstream is None:
-                    self.metrics.requests_failed.labels(reason="unavailable").inc()
-                    raise self._unavailable_error()
-                self.view.wake_workers()
-                try:
-                    return await self._counted(
-                        upstream, method, path, query, headers, body, wants_stream(body)
-                    )
-                except UpstreamLost as lost:
-                    failed_launch = upstream.launch_id
-                    losses += lost.in_flight
+            try:
+                return await self._attempt(
+                    booking, alone, deadline, failed_launch, method, path, query, headers, body)
+            except UpstreamLost as lost:
+                failed_launch = lost.launch_id
+                if lost.in_flight:
+                    losses += 1
                     if losses >= MAX_RESTARTS_PER_REQUEST:
-                        raise await self._quarantine(failed_launch) from None
-                    self.metrics.requests_retried.inc()
+                        raise await self._quarantine(failed_launch, booking, alone) from None
+                    wait = min(CAUSE_WAIT_S, max(0.0, deadline - time.monotonic()))
+                    alone = could_be_the_request(await self.view.failure_of(failed_launch, wait))
+                booking.counters.requests_retried.inc()
+
+    async def _attempt(
+        self, booking: Booking, alone: bool, deadline: float, not_launch: str,
+        method: str, path: str, query: str, headers: dict[str, str], body: bytes,
+    ) -> ProxyResult:
+        """One send to the least busy ready rank 0 (other than `not_launch`); UpstreamLost
+        names the launch that lost it."""
+        async with self._gate(isolated=alone, deadline=deadline, booking=booking):
+            upstream = await self.view.wait_for_upstream(deadline - time.monotonic(), not_launch)
+            if upstream is None:
+                booking.counters.requests_failed.labels(reason="unavailable").inc()
+                raise self._unavailable_error()
+            booking.counters = self.books(upstream.launch_id)
+            self.view.wake_workers()
+            try:
+                return await self._counted(
+                    upstream, booking, method, path, query, headers, body, wants_stream(body))
+            except UpstreamLost as lost:
+                lost.launch_id = upstream.launch_id
+                raise
 
     @asynccontextmanager
-    async def _gate(self, *, isolated: bool, deadline: float) -> AsyncIterator[None]:
+    async def _gate(
+        self, *, isolated: bool, deadline: float, booking: Booking
+    ) -> AsyncIterator[None]:
         """Rank 0 shared with other ordinary requests, or alone for a suspect."""
         gate: Any = self.gate.isolated() if isolated else self.gate.ordinary()
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 await gate.__aenter__()
         except TimeoutError:
-            self.metrics.requests_failed.labels(reason="unavailable").inc()
+            booking.counters.requests_failed.labels(reason="unavailable").inc()
             raise self._unavailable_error() from None
         try:
             yield
         finally:
             await gate.__aexit__(None, None, None)
 
-    async def _quarantine(self, failed_launch: str) -> ApiError:
-        """The error for a request whose isolated run failed the gang, naming the failure
-        once the supervisor has seen it (the reason of its restart)."""
-        self.metrics.requests_quarantined.inc()
-        self.metrics.request_of_death_restarts.inc(MAX_RESTARTS_PER_REQUEST)
-        until = time.monotonic() + CAUSE_WAIT_S
-        while self.view.state == GangState.READY and time.monotonic() < until:
-            await asyncio.sleep(0.1)
-        cause = self.view.reason if self.view.state != GangState.READY else ""
-        return request_of_death(cause)
+    async def _quarantine(self, failed_launch: str, booking: Booking, alone: bool) -> ApiError:
+        """The error for a request whose second run failed a gang, naming the failure once
+        the supervisor has classified it."""
+        booking.counters.requests_quarantined.inc()
+        booking.counters.request_of_death_restarts.inc(MAX_RESTARTS_PER_REQUEST)
+        failure = await self.view.failure_of(failed_launch, CAUSE_WAIT_S)
+        return request_of_death(failure.summary() if failure else "", alone=alone)
 
     async def _counted(
-        self, upstream: Upstream, *args: Any
+        self, upstream: Upstream, booking: Booking, *args: Any
     ) -> ProxyResult:
         """_send, with the request counted at its launch until its answer ends."""
         launch = upstream.launch_id
         self.in_flight[launch] += 1
         try:
-            result = await self._send(upstream, *args)
+            result = await self._send(upstream, booking.counters, *args)
         except BaseException:
             self._release(launch)
             raise
@@ -224,6 +248,7 @@ class Proxy:
     async def _send(
         self,
         upstream: Upstream,
+        counters: GatewayCounters,
         method: str,
         path: str,
         query: str,
@@ -275,11 +300,12 @@ class Proxy:
             response.close()
             raise UpstreamLost(
                 "rank 0's engine failed before the stream's first token", in_flight=True)
-        rest = self._rest(response, chunks, stream_cut_event(path))
+        rest = self._rest(response, chunks, stream_cut_event(path), counters)
         return ProxyResult(response.status, result_headers, first, rest)
 
     async def _rest(
-        self, response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes], cut: bytes
+        self, response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes], cut: bytes,
+        counters: GatewayCounters,
     ) -> AsyncIterator[bytes]:
         whole = False
         try:
@@ -287,7 +313,7 @@ class Proxy:
                 yield chunk
             whole = True
         except TRANSPORT_ERRORS:
-            self.metrics.requests_failed.labels(reason="stream_cut").inc()
+            counters.requests_failed.labels(reason="stream_cut").inc()
             yield cut
         finally:
             # Read to the end: the connection goes back to the pool. Else (the client left,

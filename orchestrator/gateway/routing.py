@@ -16,12 +16,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
 
 from contract.openai_errors import ApiError
+from orchestrator.gateway.booking import Launches
 from orchestrator.gateway.view import ClusterView
+from orchestrator.supervision.failures import RankFailure
+from orchestrator.supervision.metrics import GatewayCounters
 from orchestrator.supervision.snapshot import Upstream
 from orchestrator.supervision.state import GangState
 
@@ -30,6 +34,7 @@ from orchestrator.supervision.state import GangState
 class Replica:
     name: str  # the instance's name
     view: ClusterView
+    counters: GatewayCounters | None = None  # its metrics, the gateway's requests booked there
 
 
 class ModelRoute:
@@ -39,6 +44,24 @@ class ModelRoute:
         self.model_id, self.replicas = model_id, replicas
         self.in_flight: Counter[str] = Counter()  # by launch id: the proxy's requests there
         self._last: Replica | None = None  # the replica chosen last, for wake_workers
+        self._launches: Launches[Replica] = Launches()  # the replica each launch id was at
+
+    def counters_of(self, launch_id: str) -> GatewayCounters | None:
+        """The counters of the replica `launch_id` ran on; unknown (or ""): the first
+        replica's (orchestrator/gateway/booking.py)."""
+        replica = self._launches.get(launch_id)
+        if replica is not None and replica.counters is not None:
+            return replica.counters
+        return next((r.counters for r in self.replicas if r.counters is not None), None)
+
+    def books(self, fallback: GatewayCounters) -> Callable[[str], GatewayCounters]:
+        """A launch id's counters for the proxy (`fallback`: replicas without any)."""
+        return lambda launch: self.counters_of(launch) or fallback
+
+    async def failure_of(self, launch_id: str, timeout_s: float) -> RankFailure | None:
+        """The failure of `launch_id`, as its replica's supervisor saw it first."""
+        replica = self._launches.get(launch_id)
+        return None if replica is None else await replica.view.failure_of(launch_id, timeout_s)
 
     @property
     def state(self) -> GangState:
@@ -86,6 +109,7 @@ class ModelRoute:
         if best is None:
             return None
         self._last = best[2]
+        self._launches.note(best[3].launch_id, best[2])
         return best[3]
 
     async def _any_ready(self, timeout_s: float, not_launch: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from orchestrator.supervision.failures import RankFailure
 from orchestrator.supervision.snapshot import Upstream
 from orchestrator.supervision.state import GangState
 
@@ -26,4 +27,9 @@ class ClusterView(Protocol):
 
     async def wait_for_upstream(self, timeout_s: float, not_launch: str = "") -> Upstream | None:
         """Rank 0 of a ready gang (other than `not_launch`), or None if none within the timeout."""
+        ...
+
+    async def failure_of(self, launch_id: str, timeout_s: float) -> RankFailure | None:
+        """The first failure the supervisor saw of launch `launch_id`, waiting up to the
+        timeout for it; None if none was seen."""
         ...

@@ -12,13 +12,14 @@ one process, each gateway route reading its own view. It implements the gateway'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from orchestrator.launch.gang import Gang
-from orchestrator.supervision.failures import GangResult
+from orchestrator.supervision.failures import GangResult, RankFailure
 from orchestrator.supervision.progress import ProgressWatch
 from orchestrator.supervision.snapshot import SupervisorSnapshot, Upstream
 from orchestrator.supervision.state import GangState, StateMachine
@@ -38,6 +39,9 @@ class SupervisorView:
         self._changed = asyncio.Event()
         self._woken_at = float("-inf")
         self._wakes: set[asyncio.Task[None]] = set()
+        # Each failed launch's first classified failure, for the gateway's resend
+        # (orchestrator/gateway/quarantine.py: a suspect or not).
+        self._failures: OrderedDict[str, RankFailure] = OrderedDict()
         machine.on_change(lambda old, new, reason: self.pulse())
 
     @property
@@ -78,6 +82,26 @@ class SupervisorView:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except TimeoutError:
                 return None
+
+    def note_failure(self, launch_id: str, failure: RankFailure) -> None:
+        """The supervisor found launch `launch_id` failed (before it leaves ready)."""
+        self._failures[launch_id] = failure
+        while len(self._failures) > HISTORY:
+            self._failures.popitem(last=False)
+        self.pulse()
+
+    async def failure_of(self, launch_id: str, timeout_s: float) -> RankFailure | None:
+        """Launch `launch_id`'s failure, waiting while it is still the ready gang (up to
+        the timeout); None: no failure seen (stopped, shut down, or not found in time)."""
+        deadline = time.monotonic() + timeout_s
+        while launch_id not in self._failures:
+            gang, remaining = self.gang, deadline - time.monotonic()
+            serving = self.state == GangState.READY and gang and gang.launch_id == launch_id
+            if not serving or self.draining or remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return self._failures.get(launch_id)
 
     def wake_workers(self) -> None:
         """A request is on its way to rank 0: end the workers' idle sleep now, so it does

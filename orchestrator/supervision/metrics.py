@@ -20,7 +20,51 @@ STATUSES = ("200", "400", "401", "404", "413", "429", "500", "503", "504")
 _DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
-class OrchestratorMetrics:
+class GatewayCounters:
+    """What the gateway books per request: answers by status, failures, resends and
+    quarantines. Each instance's registry has them (booked under the instance whose rank 0
+    the request went to: orchestrator/gateway/booking.py); with [[instances]] the gateway
+    also has a set of its own, for requests no instance saw (a 401, an unknown model)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = self.registry = registry
+        self.requests_retried = Counter(
+            "orchestrator_requests_retried",
+            "Requests resent to a new gang after a failure.",
+            registry=r,
+        )
+        self.responses = Counter(
+            "orchestrator_responses",
+            "Answers of the gateway's /v1 routes by HTTP status.",
+            ["status"],
+            registry=r,
+        )
+        self.requests_failed = Counter(
+            "orchestrator_requests_failed",
+            "Requests the gateway ended with an error.",
+            ["reason"],
+            registry=r,
+        )
+        self.requests_quarantined = Counter(
+            "orchestrator_requests_quarantined",
+            "Requests answered with an error because their isolated run crashed the gang.",
+            registry=r,
+        )
+        self.request_of_death_restarts = Counter(
+            "orchestrator_request_of_death_restarts",
+            "Gang failures with a quarantined request in flight (its batched and its "
+            "isolated run: at most 2 per request).",
+            registry=r,
+        )
+        # Every known label value from the start, so increase() and rate() see a 0, not
+        # no series, until the first event.
+        for reason in FAILED_REQUEST_REASONS:
+            self.requests_failed.labels(reason=reason)
+        for status in STATUSES:
+            self.responses.labels(status=status)
+
+
+class OrchestratorMetrics(GatewayCounters):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -59,41 +103,10 @@ class OrchestratorMetrics:
         self.preflight_failures = Counter(
             "orchestrator_preflight_failures", "Failed preflight checks.", ["check"], registry=r
         )
-        self.requests_retried = Counter(
-            "orchestrator_requests_retried",
-            "Requests resent to a new gang after a failure.",
-            registry=r,
-        )
-        self.responses = Counter(
-            "orchestrator_responses",
-            "Answers of the gateway's /v1 routes by HTTP status.",
-            ["status"],
-            registry=r,
-        )
-        self.requests_failed = Counter(
-            "orchestrator_requests_failed",
-            "Requests the gateway ended with an error.",
-            ["reason"],
-            registry=r,
-        )
+        super().__init__(r)
         self._placement_metrics(r)
         self.state.state(GangState.PENDING.value)
-        self._quarantine_metrics(r)
         self._zero_known_labels()
-
-    def _quarantine_metrics(self, r: CollectorRegistry) -> None:
-        """Requests of death (orchestrator/gateway/quarantine.py)."""
-        self.requests_quarantined = Counter(
-            "orchestrator_requests_quarantined",
-            "Requests answered with an error because their isolated run crashed the gang.",
-            registry=r,
-        )
-        self.request_of_death_restarts = Counter(
-            "orchestrator_request_of_death_restarts",
-            "Gang failures with a quarantined request in flight (its batched and its "
-            "isolated run: at most 2 per request).",
-            registry=r,
-        )
 
     def _placement_metrics(self, r: CollectorRegistry) -> None:
         self.rank_layers = Gauge(
@@ -130,12 +143,8 @@ class OrchestratorMetrics:
         no series, until the first event."""
         for cause in Cause:
             self.restarts.labels(cause=cause.value)
-        for reason in FAILED_REQUEST_REASONS:
-            self.requests_failed.labels(reason=reason)
         for check in PREFLIGHT_CHECKS:
             self.preflight_failures.labels(check=check)
-        for status in STATUSES:
-            self.responses.labels(status=status)
 
     def expose(self, registry: CollectorRegistry) -> None:
         """Serve `registry` at /metrics instead (every instance's, labelled)."""

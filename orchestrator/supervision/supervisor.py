@@ -34,6 +34,7 @@ from orchestrator.supervision.failures import (
     RankFailure,
     RunResult,
     classify_spawn,
+    root_cause,
 )
 from orchestrator.supervision.fewer_nodes import FewerNodes, Shrink, adopted_shrink
 from orchestrator.supervision.gang_stop import stop_gang, unwatch_links
@@ -179,6 +180,8 @@ class Supervisor:
             failures = await self._first_of(self._watch_progress())
         if not failures or self._stop.is_set():
             return None
+        if self.view.gang is not None:  # first, for the gateway's resends
+            self.view.note_failure(self.view.gang.launch_id, root_cause(failures))
         self.machine.to(GangState.RESTARTING, failures[0].summary())
         # A gang that lost a rank has nothing left to drain: a short grace, then SIGKILL.
         # Its other ranks' reports (peer_lost echoes) arrive while it stops.

@@ -83,6 +83,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
         yield made
 
 
+def _counted(url: str, name: str) -> dict[tuple[str, str], float]:
+    """The gateway's /metrics family `name`: (model_instance, status) -> value."""
+    text = httpx.get(f"{url}/metrics").text
+    return {(s.labels.get("model_instance", ""), s.labels.get("status", "")): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == name}
+
+
+def _delta(after: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]:
+    return {key: value - before.get(key, 0.0) for key, value in after.items()
+            if value != before.get(key, 0.0)}
+
+
 def _chat(url: str, model: str, tokens: int = 8, **extra: Any) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": tokens, **extra}
@@ -154,6 +167,17 @@ def test_status_and_metrics_show_every_instance(cluster: Cluster) -> None:
               if f.name == "orchestrator_state" for s in f.samples}
     assert states == {"big-a", "big-b", "small"}
     assert httpx.get(f"{cluster.url}/health").status_code == 200
+    answers = "orchestrator_responses_total"
+    before = _counted(cluster.url, answers)
+    assert _chat(cluster.url, HAIKU).status_code == 200
+    assert _chat(cluster.url, "gpt-5").status_code == 404
+    # Under the instance that served it; a request no instance saw without the label.
+    assert _delta(_counted(cluster.url, answers), before) == {("small", "200"): 1,
+                                                               ("", "404"): 1}
+    with httpx.stream("GET", f"{cluster.url}/status/live", timeout=30) as live:
+        history = json.loads(next(line for line in live.iter_lines()
+                                  if line.startswith("data:"))[5:])
+    assert set(history["samples"][-1]["instances"]) == {"big-a", "big-b", "small"}
     if find_openblas():  # replicas on one machine split its cores: 3 ranks, 2 cores here
         blas = [line for line in cluster.orchestrator.output if "BLAS: OpenBLAS" in line]
         expected = f", {max(1, len(os.sched_getaffinity(0)) // 3)} threads"
@@ -165,11 +189,19 @@ def test_a_replica_killed_under_load_loses_no_request(cluster: Cluster) -> None:
     replica takes them), small untouched, big-a back."""
     before = cluster.instances()
     pid = before["big-a"]["ranks"][0]["pid"]
+    resent = _counted(cluster.url, "orchestrator_requests_retried_total")
+    answered = _counted(cluster.url, "orchestrator_responses_total")
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         calls = [pool.submit(_chat, cluster.url, "big", 40) for _ in range(24)]
         os.kill(pid, signal.SIGKILL)
         statuses = [call.result().status_code for call in calls]
     assert statuses == [200] * 24
+    # Each answer booked under the replica that served it, resends (if the kill caught
+    # any request) under the one that lost them.
+    served = _delta(_counted(cluster.url, "orchestrator_responses_total"), answered)
+    assert set(served) <= {("big-a", "200"), ("big-b", "200")} and sum(served.values()) == 24
+    lost = _delta(_counted(cluster.url, "orchestrator_requests_retried_total"), resent)
+    assert set(lost) <= {("big-a", "")}, lost
     wait_until(lambda: cluster.instances()["big-a"]["restarts"] == 1, 60, "big-a restarted")
     wait_until(cluster.all_ready, 120, "big-a back")
     after = cluster.instances()

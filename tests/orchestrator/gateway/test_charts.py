@@ -10,10 +10,10 @@ import msgspec
 import pytest
 
 from orchestrator.config import check_cluster_file
-from orchestrator.gateway.charts import ChartHistory, ChartSample, Sampler
+from orchestrator.gateway.charts import ChartHistory, ChartSample, InstancesSampler, Sampler
 from orchestrator.gateway.live import live_events
 from orchestrator.status.links import cluster_links, record_linktest
-from orchestrator.status.model import ClusterStatus, NodeStatus
+from orchestrator.status.model import ClusterStatus, InstanceStatus, NodeStatus
 from orchestrator.supervision.progress import ServingSample
 from testkit.orchestrator_process import write_cluster
 
@@ -53,6 +53,34 @@ def test_rates_and_windowed_ttft() -> None:
     stale = metrics(190, 3, newest)  # the last gang's last scrape, still in the snapshot
     down = sampler.sample(stale, status("restarting", stale=True), now=46.0, wall=1046.0)
     assert down.state == "restarting" and down.running is None and down.memory_used_bytes == {}
+
+
+def test_with_instances_each_has_its_own_figures_and_the_cluster_their_sum() -> None:
+    """Per instance: its own rate, TTFT, requests and state; the cluster's tokens/s and
+    requests summed over the instances that answered."""
+    def parts(big: str) -> list[InstanceStatus]:
+        return [InstanceStatus(name="big", model="m", state=big, restarts=1),
+                InstanceStatus(name="small", model="s", state="ready")]
+
+    sampler = InstancesSampler()
+    fast = [(0.1, 2.0), (INF, 2.0)]
+    slow = [(0.1, 0.0), (1.0, 2.0), (INF, 2.0)]
+    sampler.sample({"big": metrics(0, 2, slow), "small": metrics(0, 1, fast)},
+                   msgspec.structs.replace(status(), instances=parts("ready")), 0.0, 1000.0)
+    more_fast, more_slow = [(0.1, 4.0), (INF, 4.0)], [(0.1, 0.0), (1.0, 4.0), (INF, 4.0)]
+    point = sampler.sample({"big": metrics(30, 3, more_slow), "small": metrics(60, 1, more_fast)},
+                           msgspec.structs.replace(status(), instances=parts("ready")),
+                           3.0, 1003.0)
+    big, small = point.instances["big"], point.instances["small"]
+    assert (big.tokens_per_s, small.tokens_per_s, point.tokens_per_s) == (10.0, 20.0, 30.0)
+    assert (big.running, small.running, point.running, point.waiting) == (3, 1, 4, 2)
+    assert big.ttft_p50_s is not None and small.ttft_p50_s is not None
+    assert big.ttft_p50_s > small.ttft_p50_s and big.restarts == 1
+    down = sampler.sample({"big": metrics(90, 3, slow), "small": metrics(90, 1, fast)},
+                          msgspec.structs.replace(status(), instances=parts("restarting")),
+                          6.0, 1006.0)
+    assert down.instances["big"].state == "restarting" and down.instances["big"].running is None
+    assert down.tokens_per_s == 10.0 and down.running == 1
 
 
 def test_a_restarted_rank_0_is_no_negative_rate() -> None:

@@ -47,6 +47,11 @@ AGE = 'orchestrator_node_usage_age_seconds{node="b"}'
 UP = 'up{job="mlx-cluster",instance="127.0.0.1:8000"}'
 
 
+def _of(series: str, instance: str) -> str:
+    """`series` as instance `instance`'s registry serves it ([[instances]])."""
+    return series.replace("}", f',model_instance="{instance}"}}')
+
+
 def _tests() -> list[dict[str, Any]]:
     not_ready, restart_loop = _alert("ClusterNotReady"), _alert("RestartLoop")
     low = _alert("NodeMemoryLow", node="b")  # the comparison drops `kind`
@@ -74,6 +79,10 @@ def _tests() -> list[dict[str, Any]]:
         _case({AVAILABLE: "5x10", TOTAL: "100x10"},
               [("1m", "NodeMemoryLow", []), ("3m", "NodeMemoryLow", [low])]),
         _case({AVAILABLE: "15x10", TOTAL: "100x10"}, [("5m", "NodeMemoryLow", [])]),
+        # A node shared by two instances (each reports it, labelled): one alert, by node.
+        _case({_of(AVAILABLE, "x"): "5x10", _of(TOTAL, "x"): "100x10",
+               _of(AVAILABLE, "y"): "5x10", _of(TOTAL, "y"): "100x10"},
+              [("3m", "NodeMemoryLow", [low])]),
         # An agent silent for 31 s fires at once; 29 s does not.
         _case({AGE: "31x3"}, [("0m", "NodeSilent", [silent])]),
         _case({AGE: "29x3"}, [("2m", "NodeSilent", [])]),

@@ -8,6 +8,7 @@ from collections import deque
 from types import SimpleNamespace
 
 from orchestrator.supervision.cluster_view import SupervisorView
+from orchestrator.supervision.failures import Cause, RankFailure
 from orchestrator.supervision.state import GangState, StateMachine
 from testkit.fake_clock import FakeClock
 from testkit.supervisor_harness import stop
@@ -49,14 +50,33 @@ async def test_two_supervisors_in_one_process_fail_and_restart_apart(harness) ->
     """Two supervision loops side by side (one per model instance): a crash in one
     restarts that one only; the other's gang, view and counts are untouched."""
     crashing, steady = harness(), harness()
-    await crashing.ready_gang(1)
+    crashed = await crashing.ready_gang(1)
     kept = await steady.ready_gang(1)
     crashing.crash(1, returncode=1)
     await crashing.ready_gang(2)
     assert crashing.supervisor.view.restarts == 1
+    # The crash, noted for the gateway under the launch it ended (a suspect's cause)
+    noted = await crashing.supervisor.view.failure_of(crashed.launch_id, 0.0)
+    assert noted is not None and (noted.cause, noted.exit_code) == (Cause.RANK_CRASHED, 1)
+    assert await steady.supervisor.view.failure_of(kept.launch_id, 0.0) is None
     assert steady.supervisor.view.restarts == 0 and steady.supervisor.view.history == deque()
     assert steady.supervisor.view.gang is kept and all(r.running for r in kept.ranks.values())
     assert steady.supervisor.view.state == GangState.READY
     await stop(crashing)
     assert steady.supervisor.view.state == GangState.READY
     await stop(steady)
+
+
+async def test_a_launch_failure_is_handed_to_the_waiting_gateway() -> None:
+    """The gateway asks how launch L failed: it waits while L serves, gets the failure the
+    supervisor noted; a launch that ended without one (stopped) answers None at once."""
+    shown = view("a")
+    shown.machine.to(GangState.READY, "serving")
+    asking = asyncio.ensure_future(shown.failure_of("launch-a", 5.0))
+    await asyncio.sleep(0.05)
+    assert not asking.done()
+    killed = RankFailure(Cause.RANK_CRASHED, "a", 0, "SIGKILL", 0.0, signal="SIGKILL")
+    shown.note_failure("launch-a", killed)
+    assert await asyncio.wait_for(asking, 1.0) is killed
+    shown.machine.to(GangState.STOPPED, "stop requested")
+    assert await asyncio.wait_for(shown.failure_of("launch-b", 5.0), 0.5) is None
