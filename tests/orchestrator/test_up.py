@@ -38,6 +38,9 @@ KEY_ENV = {"TEST_ORCHESTRATOR_KEY": API_KEY}
 HF_TOKEN = "hf_test_token_never_in_a_rank"
 LOCAL3 = [{"name": f"r{i}", "ip": "127.0.0.1"} for i in range(3)]
 MODEL_ID = "tiny"
+# Tests that never restart their gang: no standby gang pre-started after ready (~3 s of
+# CPU a rank). smollm_cluster keeps its standby ranks: the secrets test checks theirs too.
+NO_STANDBY = {"standby_ranks": False}
 
 
 class Cluster:
@@ -67,7 +70,7 @@ def smollm_cluster(
 def bundled_cluster(tmp_path: Path, bundled_model_dir: Path) -> Iterator[Cluster]:
     """One local rank of the bundled SmolLM2 behind an API key: a real model's answer."""
     config = write_cluster(tmp_path, "bundled:smollm2-135m-instruct", LOCAL3[:1],
-                           api={"api_key_env": "TEST_ORCHESTRATOR_KEY"})
+                           api={"api_key_env": "TEST_ORCHESTRATOR_KEY"}, supervisor=NO_STANDBY)
     url = _api_url(config)
     with running(config, KEY_ENV, url) as orchestrator:
         yield Cluster(orchestrator, config, url)
@@ -334,12 +337,14 @@ def test_a_failed_up_leaves_the_orphaned_gang_adoptable(
 @pytest.mark.e2e
 def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path) -> None:
     """With orphan_grace_s = 0, SIGKILL of the orchestrator takes agents and ranks down; a
-    new `up` first ends a rank its state file still records as running, then starts cleanly."""
-    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2],
-                           supervisor={"orphan_grace_s": 0.0})
+    new `up` first ends a rank its state file still records as running, then starts cleanly.
+    (One node: its agent and rank show the mechanism; two would cost two more rank starts.)"""
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:1],
+                           supervisor={"orphan_grace_s": 0.0, **NO_STANDBY})
     url = _api_url(config)
     with running(config, url=url) as first:
         pids = first.remember_descendants()
+        assert len(pids) >= 2, pids  # the agent and its rank at least
         first.process.kill()
         first.wait_exit()
         assert wait_gone(pids) == set(), "ranks or agents outlived a SIGKILLed orchestrator"
@@ -349,7 +354,7 @@ def test_orchestrator_sigkill_then_clean_up(tmp_path: Path, tiny_model_dir: Path
     # Here ranks die with their agent; on a machine that crashed with the orchestrator one
     # may live on: stand one in for it, recorded as the crashed run recorded its ranks.
     with leftover_rank(state.launch_id) as rank:
-        state.ranks.append(RankRecord(rank=9, node="r1", pid=rank.pid, launch_id=state.launch_id))
+        state.ranks.append(RankRecord(rank=9, node="r0", pid=rank.pid, launch_id=state.launch_id))
         write_state(path, state)
         with running(config, url=url) as second:
             models = httpx.get(f"{url}/v1/models", timeout=30).json()
@@ -404,7 +409,8 @@ def test_a_request_through_the_gateway_wakes_idle_workers(
     """Idle workers sleep until just before each keepalive. A request sent to rank 0
     directly mid-sleep waits for the sleep's end; one through the gateway does not: the
     agents signal the workers as the gateway forwards it (serving/rank/idle_wake.py)."""
-    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2], serving={"keepalive_s": 2.0})
+    config = write_cluster(tmp_path, str(tiny_model_dir), LOCAL3[:2], serving={"keepalive_s": 2.0},
+                           supervisor=NO_STANDBY)
     url = _api_url(config)
     import tomllib
 
@@ -451,7 +457,7 @@ def test_two_ssh_nodes_up_chat_down(sshd: SshdServer, tmp_path: Path, tiny_model
             {**msgspec.to_builtins(server.node(name)), "ip": "127.0.0.1"}
             for name, server in (("ssh-a", sshd), ("ssh-b", second))
         ]
-        config = write_cluster(tmp_path, str(tiny_model_dir), nodes)
+        config = write_cluster(tmp_path, str(tiny_model_dir), nodes, supervisor=NO_STANDBY)
         url = _api_url(config)
         with running(config, url=url) as orchestrator:
             reply = httpx.post(

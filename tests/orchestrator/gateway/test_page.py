@@ -91,8 +91,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
         yield Cluster(orchestrator, config, url, spec)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """One Chromium for the module's tests: each opens its own page (a fresh context)."""
     with chromium() as launched:
         yield launched
 

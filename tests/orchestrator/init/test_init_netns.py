@@ -15,6 +15,7 @@ import pytest
 import tomli_w
 
 from testkit.netns import IP, HostsFactory, MultiHost
+from testkit.nine_heads import write_nine_heads_model
 from testkit.orchestrator_process import gateway_status, run_cli, running
 from testkit.ports import free_port, free_port_block
 
@@ -45,16 +46,20 @@ def test_init_on_a_switch_gives_each_node_its_data_address(
     assert all(0 < n["memory_gb"] < 1024 for n in data["nodes"])
 
 
-def serving(config: Path, tmp_path: Path) -> None:
-    """Free ports, a state dir of the test's own, no standby ranks: the file init wrote,
-    otherwise as it is."""
+def serving(config: Path, tmp_path: Path) -> str:
+    """Free ports, a state dir of the test's own, no standby ranks, and the tiny model with
+    the bundled model's head counts (the point is init's file, not the weights): the file
+    init wrote, otherwise as it is. Returns the served model's id."""
     data = tomllib.loads(config.read_text())
+    model = write_nine_heads_model(tmp_path / "nine-heads", num_layers=3)
+    data["model"]["path"] = str(model)
     data["cluster"].update(name="test", state_dir=str(tmp_path / "state"),
                            rank_port=free_port_block(len(data["nodes"])))
     data["api"] = {"host": "127.0.0.1", "port": free_port()}
     data["serving"] = {"rank_api_port": free_port(), "keepalive_s": 1.0}
     data["supervisor"] = {"standby_ranks": False, "stop_grace_s": 3.0}
     config.write_text(tomli_w.dumps(data))
+    return model.name
 
 
 def test_init_on_a_cabled_ring_finds_the_cables_and_serves(
@@ -72,11 +77,11 @@ def test_init_on_a_cabled_ring_finds_the_cables_and_serves(
     built = {frozenset(zip([names[int(h[1:])] for h in link["between"]], link["ips"],
                            strict=True)) for link in net.links()}
     assert found == built
-    serving(config, tmp_path)
+    served = serving(config, tmp_path)
     url = f"http://127.0.0.1:{tomllib.loads(config.read_text())['api']['port']}"
     with running(config, url=url) as orchestrator:
         reply = httpx.post(f"{url}/v1/completions", timeout=300, json={
-            "model": "smollm2-135m-instruct", "prompt": "The capital of France is",
+            "model": served, "prompt": "The capital of France is",
             "max_tokens": 2, "temperature": 0})
         assert reply.status_code == 200 and reply.json()["choices"][0]["text"].strip()
         assert [r["state"] for r in gateway_status(url)["ranks"]] == ["running"] * 3

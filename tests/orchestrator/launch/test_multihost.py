@@ -1,4 +1,8 @@
-"""Clusters across network namespaces: each node a host with its own sshd and addresses."""
+"""Clusters across network namespaces: each node a host with its own sshd and addresses.
+
+They serve the tiny model with the bundled model's head counts (9 / 3: tensor parallel at
+3 ranks, pipeline at 2, as the bundled model): the point is the hosts, not the weights.
+The ring's hosts are built once for the two tests that use them."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import os
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -18,6 +22,7 @@ import tomli_w
 from orchestrator.launch import launch_secret
 from orchestrator.tls import pinned
 from testkit.netns import HostsFactory, MultiHost
+from testkit.nine_heads import write_nine_heads_model
 from testkit.orchestrator_process import (
     Orchestrator,
     rank0_headers,
@@ -26,27 +31,40 @@ from testkit.orchestrator_process import (
     write_cluster,
 )
 from testkit.rank_cluster import rank_cluster
+from testkit.shared_hosts import shared_hosts
 from testkit.waiting import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-BUNDLED = "bundled:smollm2-135m-instruct"
 PROMPTS = ["The capital of France is"]
 # Tokens per answer: each a step of 3 ranks (the ring) on (here) 2 cores, whose
 # collectives busy-poll.
 TOKENS = 6
+SERVED = "nine-heads"  # the model's directory name: the id the cluster serves it as
 # Standby ranks would start (and import MLX) while the test talks to the cluster: off.
 RUNS = ".cache/mlx-cluster-orchestrator/runs/test"  # rank directories, under the node's home
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
 
 
 @pytest.fixture(scope="module")
-def one_rank_text(tmp_path_factory: pytest.TempPathFactory, bundled_model_dir: Path) -> list[str]:
-    """Greedy completions of PROMPTS by the bundled model on one rank: the reference."""
-    with rank_cluster(
-        tmp_path_factory.mktemp("one"), bundled_model_dir, 1, served_model_id="m"
-    ) as cluster:
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with 9 heads / 3 KV heads, 4 layers."""
+    return write_nine_heads_model(tmp_path_factory.mktemp("model") / SERVED, num_layers=4)
+
+
+@pytest.fixture(scope="module")
+def one_rank_text(tmp_path_factory: pytest.TempPathFactory, model: Path) -> list[str]:
+    """Greedy completions of PROMPTS by the model on one rank: the reference."""
+    with rank_cluster(tmp_path_factory.mktemp("one"), model, 1, served_model_id="m") as cluster:
         return [complete(cluster.base_url, "m", prompt) for prompt in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
+    """3 hosts cabled in a ring, for the tests below that use them: each leaves them as
+    it found them (no process but sshd, every cable clear)."""
+    with shared_hosts(tmp_path_factory, 3, "ring") as net:
+        yield net
 
 
 def complete(base_url: str, model: str, prompt: str) -> str:
@@ -56,10 +74,10 @@ def complete(base_url: str, model: str, prompt: str) -> str:
     return reply.choices[0].text
 
 
-def ring_cluster(tmp_path: Path, net: MultiHost, model: str = BUNDLED) -> Path:
+def ring_cluster(tmp_path: Path, net: MultiHost, model: Path) -> Path:
     """cluster.toml for the ring hosts: no node `ip`, the cables in [[links]]."""
     config = write_cluster(
-        tmp_path, model, [net.node(i) for i in range(len(net.hosts))], **NO_STANDBY
+        tmp_path, str(model), [net.node(i) for i in range(len(net.hosts))], **NO_STANDBY
     )
     data = tomllib.loads(config.read_text())
     data["links"] = net.links()
@@ -85,7 +103,7 @@ STRANGER = """
 import json, ssl, sys, urllib.request, urllib.error
 base, name, secret = sys.argv[1:4]
 tls = ssl._create_unverified_context()  # a stranger without the certificate: TLS, unpinned
-chat = json.dumps({"model": "smollm2-135m-instruct", "max_tokens": 8,
+chat = json.dumps({"model": "nine-heads", "max_tokens": 8,
                    "messages": [{"role": "user", "content": "Hi"}]}).encode()
 answers = []
 for header in (None, "wrong-" + secret[6:], secret):
@@ -154,7 +172,7 @@ def serve_and_compare(
     """`also`: more checks while the cluster serves."""
     url = api_url(config)
     with running(config, url=url) as orchestrator:
-        assert [complete(url, "smollm2-135m-instruct", p) for p in PROMPTS] == reference
+        assert [complete(url, SERVED, p) for p in PROMPTS] == reference
         also(orchestrator)
         status = json.loads(run_cli("status", str(config), "--json").stdout)
         assert [(n["name"], n["connected"]) for n in status["nodes"]] == [
@@ -171,39 +189,43 @@ def serve_and_compare(
 
 
 def test_two_hosts_on_a_switch_serve_like_one_rank(
-    netns_hosts: HostsFactory, tmp_path: Path, one_rank_text: list[str]
+    netns_hosts: HostsFactory, tmp_path: Path, model: Path, one_rank_text: list[str]
 ) -> None:
     """2 SSH nodes, one subnet (pipeline: 9 heads): greedy output equals 1 rank; rank 0
     refuses requests from another host that lack the launch's secret; status shows them;
     down cleans. (3 hosts in tensor parallel: the ring test below.)"""
     net = netns_hosts(2, "switch")
-    config = write_cluster(tmp_path, BUNDLED, [net.node(i) for i in range(2)], **NO_STANDBY)
+    config = write_cluster(tmp_path, str(model), [net.node(i) for i in range(2)], **NO_STANDBY)
     serve_and_compare(
         net, config, one_rank_text, lambda up: rank0_refuses_another_host(net, config, up)
     )
 
 
 def test_three_hosts_cabled_in_a_ring_serve_like_one_rank(
-    netns_hosts: HostsFactory, tmp_path: Path, one_rank_text: list[str]
+    ring: MultiHost, tmp_path: Path, model: Path, one_rank_text: list[str]
 ) -> None:
     """3 nodes, 3 point-to-point links, no shared subnet: [[links]] give the ring its
-    addresses and it serves exactly as 1 rank does."""
-    net = netns_hosts(3, "ring")
-    config = ring_cluster(tmp_path, net)
-    serve_and_compare(net, config, one_rank_text)
+    addresses and it serves exactly as 1 rank does (in tensor parallel: 9 heads / 3)."""
+    config = ring_cluster(tmp_path, ring, model)
+    planned = json.loads(run_cli("plan", str(config), "--json").stdout)
+    assert planned["placement"]["mode"] == "tensor", planned["placement"]
+    serve_and_compare(ring, config, one_rank_text)
 
 
-def test_a_dead_cable_is_refused_before_launch(netns_hosts: HostsFactory, tmp_path: Path) -> None:
+def test_a_dead_cable_is_refused_before_launch(
+    ring: MultiHost, tmp_path: Path, model: Path
+) -> None:
     """100% loss on the cable h1-h2: `up` refuses within seconds, naming that link."""
-    net = netns_hosts(3, "ring")
+    net = ring
     net.drop_all(1, 2)
-    config = ring_cluster(tmp_path, net)
+    config = ring_cluster(tmp_path, net, model)
     started = time.monotonic()
     orchestrator = Orchestrator(config)
     try:
         code = orchestrator.wait_exit(60)
     finally:
         orchestrator.stop()
+        net.clear(1, 2)
     elapsed = time.monotonic() - started
     assert code == 2, orchestrator.text
     # Well before the 60 s a launch would wait (under load the probes took 13 s once).

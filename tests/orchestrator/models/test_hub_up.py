@@ -1,6 +1,7 @@
 """`up` of an hf: model across network-namespace hosts whose store is an empty private
 tmpfs: the head pulls it from the local hub once, syncs it to every host, and the ranks
-(offline) serve exactly what the bundled model serves on one local rank."""
+(offline) serve exactly what the same model serves on one local rank. The repo holds the
+tiny model: the point is the pull and the sync, not the weights."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import openai
 import pytest
 
 from node_agent.models.store import SYNC_MARKER
-from testkit.hub_server import TEST_REPO, HubServer, ServedRepo
+from testkit.hub_server import TEST_REPO, HubServer, ServedRepo, serve_dir
 from testkit.netns import HostsFactory, PrivateTmpfs
 from testkit.orchestrator_process import running, write_cluster
 from testkit.rank_cluster import rank_cluster
@@ -20,8 +21,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SERVED_AS = "SmolLM2-135M-Instruct-test"
 PROMPTS = ["The capital of France is"]
 TOKENS = 6
-HOSTS = 2  # pipeline (9 heads): 3 tensor ranks on 2 cores would busy-poll for seconds a step
+HOSTS = 2  # 3 tensor ranks on 2 cores would busy-poll for seconds a step
 NO_STANDBY = {"supervisor": {"standby_ranks": False, "stop_grace_s": 3.0}}
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> ServedRepo:
+    """The tiny model's directory, served as TEST_REPO (the bundled 4-bit model's load and
+    sync would cost seconds of CPU on each host and prove no more)."""
+    return serve_dir(TEST_REPO, tiny_model_dir)
 
 
 def complete(base_url: str, model: str, prompt: str) -> str:
@@ -36,11 +44,11 @@ def test_up_pulls_syncs_and_serves_an_hf_model_on_empty_hosts(
     tmp_path: Path,
     hub: HubServer,
     served: ServedRepo,
-    bundled_quantized_dir: Path,
+    tiny_model_dir: Path,
 ) -> None:
     """2 hosts, nothing at the store: `up` with [model] sync pulls once at the head, syncs
-    to both, and greedy output equals the bundled model on one local rank."""
-    with rank_cluster(tmp_path / "one", bundled_quantized_dir, 1, served_model_id="m") as one:
+    to both, and greedy output equals the same model on one local rank."""
+    with rank_cluster(tmp_path / "one", tiny_model_dir, 1, served_model_id="m") as one:
         reference = [complete(one.base_url, "m", prompt) for prompt in PROMPTS]
     store = tmp_path / "store"
     snapshots = store / f"models--{TEST_REPO.replace('/', '--')}" / "snapshots"
