@@ -39,9 +39,9 @@ PROMPT = "Repeat exactly:\n" + CODE
 MAX_TOKENS = 12  # the answer copies from its 3rd token or so: drafts accepted within 12
 SPECULATE = {"speculative": "prompt_lookup", "num_draft_tokens": 4}
 # The long answer of the joining test: speculating before the short request joins (after
-# a few steps), batched for its ~5, then speculating again for most of its ~120 tokens.
+# a few steps), batched for its ~5, then speculating again for most of its ~64 tokens.
 LONG_PROMPT = "Repeat exactly:\n" + CODE * 4
-LONG_TOKENS = 120
+LONG_TOKENS = 64
 SPLIT = [20, 10]  # 2 pipeline ranks: SmolLM2's 30 layers
 
 
