@@ -43,13 +43,16 @@ def write_tiny_model(
     model_cache_dir: Path | None = None,
     model_type: str = "llama",
     vocab_size: int | None = None,
+    head_scale: float = 1.0,
 ) -> Path:
     """Write a random-weight Llama into `dest` (created if needed) and return `dest`.
 
     `model_cache_dir` is where the bundled model (the tokenizer's source) is converted;
     None means the default cache. `model_type` "qwen3" writes a dense Qwen3 instead (its
     attention adds per-head q/k norms). `vocab_size`: embedding rows other than the
-    tokenizer's (a model of another vocabulary)."""
+    tokenizer's (a model of another vocabulary). `head_scale` multiplies the
+    output head: greedy choices stay, the distribution sharpens (at 8, the top token
+    takes ~2/3 of it: sampling at a low temperature mostly follows greedy)."""
     if model_type not in ("llama", "qwen3"):
         raise ValueError(f"model_type {model_type!r}: the tiny model is 'llama' or 'qwen3'")
     if hidden_size % num_heads or num_heads % num_kv_heads:
@@ -69,6 +72,7 @@ def write_tiny_model(
     config["vocab_size"] = vocab_size or config["vocab_size"]
     controls = [i for i in _control_token_ids(source) if i < config["vocab_size"]]
     weights = _random_weights(config, controls, seed)
+    weights["lm_head.weight"] = weights["lm_head.weight"] * head_scale
     _save(dest, config, weights)
     return dest
 

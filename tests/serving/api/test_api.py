@@ -68,7 +68,7 @@ def test_openai_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> N
     args = {
         "model": MODEL,
         "messages": chat("Name three colours."),
-        "max_tokens": 16,
+        "max_tokens": 8,
         "temperature": 0,
     }
     whole = client.chat.completions.create(**args)  # type: ignore[call-overload]
@@ -78,7 +78,7 @@ def test_openai_chat_streaming_matches_non_streaming(client: openai.OpenAI) -> N
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
 
 
 def test_openai_completions_and_models(client: openai.OpenAI) -> None:
@@ -108,7 +108,7 @@ def test_prefix_cache_reuses_the_shared_prompt(client: openai.OpenAI, server: Ra
         client.chat.completions.create(
             model=MODEL,
             messages=chat("Say hello to Ada."),  # type: ignore[arg-type]
-            max_tokens=8,
+            max_tokens=4,  # the prompt is what is reused
             temperature=0,
         )
         .choices[0]
@@ -123,17 +123,17 @@ def test_prefix_cache_reuses_the_shared_prompt(client: openai.OpenAI, server: Ra
 
 def test_stop_string_and_seeded_sampling(client: openai.OpenAI) -> None:
     """A stop string ends the text before it; the same seed samples the same text twice."""
-    free = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=12, temperature=0)
+    free = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=8, temperature=0)
     text = free.choices[0].text
     stop = text.strip()[:2]
     cut = client.completions.create(
-        model=MODEL, prompt="1, 2, 3,", max_tokens=12, temperature=0, stop=[stop]
+        model=MODEL, prompt="1, 2, 3,", max_tokens=8, temperature=0, stop=[stop]
     )
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == text[: text.index(stop)]
     runs = [
         client.completions.create(
-            model=MODEL, prompt="Once", max_tokens=10, temperature=1.0, top_p=0.9, seed=7
+            model=MODEL, prompt="Once", max_tokens=6, temperature=1.0, top_p=0.9, seed=7
         )
         .choices[0]
         .text
@@ -183,14 +183,14 @@ def test_logit_bias_and_penalties_change_greedy_text(
     min_p filters the sampled tokens."""
     tokenizer = load_tokenizer(bundled_model_dir)
 
-    def complete(max_tokens: int = 8, prompt: str = "yes yes yes", **fields: object) -> str:
+    def complete(max_tokens: int = 4, prompt: str = "yes yes yes", **fields: object) -> str:
         fields.setdefault("temperature", 0)
         return client.completions.create(
             model=MODEL, prompt=prompt, max_tokens=max_tokens, **fields  # type: ignore[arg-type]
         ).choices[0].text
 
-    assert complete(logit_bias={"42": 100}) == tokenizer.decode([42]) * 8
-    # The penalties and min_p below compare only first tokens: 2 and 4 tokens say enough.
+    assert complete(logit_bias={"42": 100}) == tokenizer.decode([42]) * 4
+    # The penalties and min_p below compare only first tokens: 2 tokens say enough.
     top = client.completions.create(
         model=MODEL, prompt="yes yes yes", max_tokens=1, temperature=0, logprobs=0
     ).choices[0].logprobs
@@ -198,15 +198,15 @@ def test_logit_bias_and_penalties_change_greedy_text(
     assert len(first) == 1
     assert complete(max_tokens=1, logit_bias={str(first[0]): -100}) != complete(max_tokens=1)
     parrot = "The cat sat on the mat. The cat sat on the mat. The cat"
-    repeats = complete(prompt=parrot)
+    repeats = complete(5, prompt=parrot)
     assert repeats.startswith("sat on the mat")
     for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0},
                     {"extra_body": {"repetition_penalty": 2.0}}):
         assert not complete(2, prompt=parrot, **penalty).startswith("sat"), penalty
     # min_p = 1 keeps only the most likely token: sampling at temperature 1 turns greedy.
-    greedy = complete(4)
+    greedy = complete(2)
     for seed in (1, 2, 3):
-        assert complete(4, temperature=1.0, seed=seed, extra_body={"min_p": 1.0}) == greedy
+        assert complete(2, temperature=1.0, seed=seed, extra_body={"min_p": 1.0}) == greedy
 
 
 BAD_BODIES = [
@@ -286,7 +286,7 @@ def _stream_chat(base_url: str, prompt: str, out: dict[str, str]) -> None:
     body = {
         "model": MODEL,
         "messages": chat(prompt),
-        "max_tokens": 8,  # several steps of 4 sequences in one batch: enough to compare
+        "max_tokens": 6,  # several steps of 4 sequences in one batch: enough to compare
         "temperature": 0,
         "stream": True,
     }
@@ -421,7 +421,7 @@ def test_anthropic_messages_whole_and_streamed(
 def test_anthropic_event_sequence_and_stop_sequence(server: RankCluster) -> None:
     """The raw stream is Anthropic's event sequence; a stop sequence ends the text before
     it and is reported as stop_reason stop_sequence, naming it."""
-    body = {"model": MODEL, "max_tokens": 10, "temperature": 0, "stream": True,
+    body = {"model": MODEL, "max_tokens": 8, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6"}]}
     url = f"{server.base_url}/v1/messages"
     with httpx.stream("POST", url, json=body, timeout=120) as reply:

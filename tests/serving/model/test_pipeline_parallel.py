@@ -21,13 +21,15 @@ from testkit.waiting import metric_value
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Write a haiku about the sea."
+# Tokens per answer: each a decode step through both stages (SmolLM2: ~0.25 s of CPU).
+MAX_TOKENS = 6
 
 
 def chat(url: str, messages: list[dict[str, str]], **fields: object) -> dict[str, object]:
     r = httpx.post(
         f"{url}/v1/chat/completions",
         timeout=600,
-        json={"model": "m", "messages": messages, "max_tokens": 10, **fields},
+        json={"model": "m", "messages": messages, "max_tokens": MAX_TOKENS, **fields},
     )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
