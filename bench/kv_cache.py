@@ -49,7 +49,6 @@ sys.path.insert(0, str(REPO / "bench"))
 from kv_fit import fitting  # noqa: E402
 
 GPL = Path("/usr/share/common-licenses/GPL-3")
-BITS = (None, 8, 4)
 CONTEXT = 8192  # SmolLM2's
 
 
@@ -91,6 +90,8 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
     with rank_cluster(work / f"{ranks}r-{bits or 16}", model_dir, ranks, served_model_id="m",
                       pipeline_split=split, **serving) as cluster:
         url = cluster.base_url
+        if args.skip_memory:
+            return _long_only(url, row, prompts, args)
         loaded = peak_rss(cluster)
         bodies = [chat_body("m", p + "\nSummarize this.", 16) for p in prompts["eight"]]
         streams, wall = concurrent_streams(url, bodies)
@@ -120,6 +121,21 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
     return row
 
 
+def _long_only(url: str, row: dict[str, Any], prompts: dict[str, Any],
+               args: argparse.Namespace) -> dict[str, Any]:
+    """--skip-memory: the long prompt's prefill and decode only."""
+    (long,), _ = concurrent_streams(url, [chat_body("m", prompts["long"], args.long_decode,
+                                                    usage=True)])
+    if long.error or long.ttft_s is None:
+        raise RuntimeError(long.error)
+    row.update(long_prompt_tokens=long.prompt_tokens,
+               prefill_tps=(long.prompt_tokens or 0) / long.ttft_s,
+               decode_tps_long=decode_tps(long), long_ttft_s=round(long.ttft_s, 2))
+    progress(f"{row['ranks']}r kv_bits {row['kv_bits']}: {long.prompt_tokens} tokens read in "
+             f"{long.ttft_s:.0f} s, then {row['decode_tps_long']:.2f} tok/s")
+    return row
+
+
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -142,6 +158,10 @@ def main() -> None:
     parser.add_argument("--short-repeats", type=int, default=2)
     parser.add_argument("--long-decode", type=int, default=48)
     parser.add_argument("--budget-gb", type=float, default=1.0)
+    parser.add_argument("--bits", nargs="+", default=["none", "8", "4"],
+                        help="kv_bits configurations (none: unquantized)")
+    parser.add_argument("--skip-memory", action="store_true",
+                        help="only the long prompt (prefill and decode at its context)")
     args = parser.parse_args()
     model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
                         float32=find_openblas() is not None)
@@ -159,9 +179,16 @@ def main() -> None:
     meta = {"argv": sys.argv, "cpus": os.cpu_count(), "started": time.strftime("%F %T")}
     rows: list[dict[str, Any]] = []
     for r in args.ranks:
-        for b in BITS:
+        for b in [None if x == "none" else int(x) for x in args.bits]:
             rows.append(run_one(model_dir, r, b, prompts, work, args))
             out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if args.skip_memory:
+        for row in rows:
+            base = next(x for x in rows if x["ranks"] == row["ranks"] and x["kv_bits"] is None)
+            row["decode_tps_long_ratio"] = row["decode_tps_long"] / base["decode_tps_long"]
+            print(row)
+        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        return
     config = json.loads((model_dir / "config.json").read_text())
     info = config_info(config)
     budget = int(args.budget_gb * 1e9)

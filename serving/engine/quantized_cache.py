@@ -187,6 +187,12 @@ class QuantizedBatchKVCache(_BaseCache):
             grown.append(blank)
         self.keys, self.values = grown
 
+    def depend_on(self, x: mx.array) -> None:
+        """Make the cache's state depend on x (a pipeline stage's send, which nothing
+        else evaluated reads during a prefill): the exact part exists after any update."""
+        if self.exact_keys is not None:
+            self.exact_keys = mx.depends(self.exact_keys, x)
+
     def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:
         # Always an array: the rows' left padding must be masked, and quantized
         # attention takes a boolean mask broadcast over the query-head groups.
