@@ -136,6 +136,13 @@ def _long_only(url: str, row: dict[str, Any], prompts: dict[str, Any],
     return row
 
 
+def _long_ratios(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        base = next(x for x in rows if x["ranks"] == row["ranks"] and x["kv_bits"] is None)
+        row["decode_tps_long_ratio"] = row["decode_tps_long"] / base["decode_tps_long"]
+        print(row)
+
+
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -183,10 +190,7 @@ def main() -> None:
             rows.append(run_one(model_dir, r, b, prompts, work, args))
             out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     if args.skip_memory:
-        for row in rows:
-            base = next(x for x in rows if x["ranks"] == row["ranks"] and x["kv_bits"] is None)
-            row["decode_tps_long_ratio"] = row["decode_tps_long"] / base["decode_tps_long"]
-            print(row)
+        _long_ratios(rows)
         out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
         return
     config = json.loads((model_dir / "config.json").read_text())
