@@ -156,7 +156,7 @@ def kv_bytes_per_token(config: dict[str, Any], bits: int | None, group: int = 64
     return 2 * config["num_hidden_layers"] * heads * dim * per_value
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--long-tokens", type=int, default=7900)
@@ -169,7 +169,11 @@ def main() -> None:
                         help="kv_bits configurations (none: unquantized)")
     parser.add_argument("--skip-memory", action="store_true",
                         help="only the long prompt (prefill and decode at its context)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
                         float32=find_openblas() is not None)
     from transformers import AutoTokenizer
