@@ -159,7 +159,9 @@ def test_trim_takes_back_speculated_positions() -> None:
     """trim(n) forgets the last n positions, as speculation's rejected drafts need; drafts
     fed at once leave the window whole after the trim."""
     pair = _sequences([30, 2], 4, seed=8)
-    pair.update(*_kv(2, 4, seed=9))
+    for step in range(7):  # the window one short of handing a block over
+        pair.update(*_kv(2, 1, seed=40 + step))
+    pair.update(*_kv(2, 4, seed=9))  # drafts: a block leaves, what a trim may take stays
     pair.trim(3)
     pair.check()
     pair.update(*_kv(2, 1, seed=10))
