@@ -81,8 +81,10 @@ def slices(text: str, tokenizer: Any, count: int, tokens: int) -> list[str]:
 
 def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, Any],
             work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    # An ~8,000-token prompt read on a shared 2-core machine outlasts the default
+    # request_timeout_s (600 s): a run on 2026-11-28 timed out there.
     serving: dict[str, Any] = {"max_batch_size": 8, "prompt_cache_size": 0,
-                               "max_tokens_limit": 8192}
+                               "max_tokens_limit": 8192, "request_timeout_s": 3600.0}
     if bits:
         serving["kv_bits"] = bits
     split = [15, 15] if ranks == 2 else None
