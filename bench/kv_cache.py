@@ -49,7 +49,6 @@ sys.path.insert(0, str(REPO / "bench"))
 from kv_fit import fitting  # noqa: E402
 
 GPL = Path("/usr/share/common-licenses/GPL-3")
-BITS = (None, 8, 4)
 CONTEXT = 8192  # SmolLM2's
 
 
@@ -82,8 +81,10 @@ def slices(text: str, tokenizer: Any, count: int, tokens: int) -> list[str]:
 
 def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, Any],
             work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    # An ~8,000-token prompt read on a shared 2-core machine outlasts the default
+    # request_timeout_s (600 s): a run on 2026-11-28 timed out there.
     serving: dict[str, Any] = {"max_batch_size": 8, "prompt_cache_size": 0,
-                               "max_tokens_limit": 8192}
+                               "max_tokens_limit": 8192, "request_timeout_s": 3600.0}
     if bits:
         serving["kv_bits"] = bits
     split = [15, 15] if ranks == 2 else None
@@ -91,6 +92,8 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
     with rank_cluster(work / f"{ranks}r-{bits or 16}", model_dir, ranks, served_model_id="m",
                       pipeline_split=split, **serving) as cluster:
         url = cluster.base_url
+        if args.skip_memory:
+            return _long_only(url, row, prompts, args)
         loaded = peak_rss(cluster)
         bodies = [chat_body("m", p + "\nSummarize this.", 16) for p in prompts["eight"]]
         streams, wall = concurrent_streams(url, bodies)
@@ -120,6 +123,28 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
     return row
 
 
+def _long_only(url: str, row: dict[str, Any], prompts: dict[str, Any],
+               args: argparse.Namespace) -> dict[str, Any]:
+    """--skip-memory: the long prompt's prefill and decode only."""
+    (long,), _ = concurrent_streams(url, [chat_body("m", prompts["long"], args.long_decode,
+                                                    usage=True)])
+    if long.error or long.ttft_s is None:
+        raise RuntimeError(long.error)
+    row.update(long_prompt_tokens=long.prompt_tokens,
+               prefill_tps=(long.prompt_tokens or 0) / long.ttft_s,
+               decode_tps_long=decode_tps(long), long_ttft_s=round(long.ttft_s, 2))
+    progress(f"{row['ranks']}r kv_bits {row['kv_bits']}: {long.prompt_tokens} tokens read in "
+             f"{long.ttft_s:.0f} s, then {row['decode_tps_long']:.2f} tok/s")
+    return row
+
+
+def _long_ratios(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        base = next(x for x in rows if x["ranks"] == row["ranks"] and x["kv_bits"] is None)
+        row["decode_tps_long_ratio"] = row["decode_tps_long"] / base["decode_tps_long"]
+        print(row)
+
+
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -133,7 +158,7 @@ def kv_bytes_per_token(config: dict[str, Any], bits: int | None, group: int = 64
     return 2 * config["num_hidden_layers"] * heads * dim * per_value
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--long-tokens", type=int, default=7900)
@@ -142,7 +167,15 @@ def main() -> None:
     parser.add_argument("--short-repeats", type=int, default=2)
     parser.add_argument("--long-decode", type=int, default=48)
     parser.add_argument("--budget-gb", type=float, default=1.0)
-    args = parser.parse_args()
+    parser.add_argument("--bits", nargs="+", default=["none", "8", "4"],
+                        help="kv_bits configurations (none: unquantized)")
+    parser.add_argument("--skip-memory", action="store_true",
+                        help="only the long prompt (prefill and decode at its context)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _arguments()
     model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
                         float32=find_openblas() is not None)
     from transformers import AutoTokenizer
@@ -159,9 +192,13 @@ def main() -> None:
     meta = {"argv": sys.argv, "cpus": os.cpu_count(), "started": time.strftime("%F %T")}
     rows: list[dict[str, Any]] = []
     for r in args.ranks:
-        for b in BITS:
+        for b in [None if x == "none" else int(x) for x in args.bits]:
             rows.append(run_one(model_dir, r, b, prompts, work, args))
             out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if args.skip_memory:
+        _long_ratios(rows)
+        out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        return
     config = json.loads((model_dir / "config.json").read_text())
     info = config_info(config)
     budget = int(args.budget_gb * 1e9)

@@ -48,18 +48,20 @@ PROMPTS = [
     "What is 12 times 7? Explain the steps.",
     "Summarize the plot of Romeo and Juliet in one paragraph.",
 ]
-CONFIGS = ((None, 64), (8, 64), (4, 64), (4, 32))  # (kv_bits, kv_group_size)
+# (kv_bits, kv_group_size, kv_window): the default window (64), and 4 / 64 without one
+CONFIGS = ((None, 64, 0), (8, 64, 64), (4, 64, 64), (4, 32, 64), (4, 64, 0))
 TARGETS = {8: 0.01, 4: 0.05}
 
 
-def measure(model_dir: Path, ranks: int, bits: int | None, group: int, text: str,
+def measure(model_dir: Path, ranks: int, config: tuple[int | None, int, int], text: str,
             args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One configuration: a forced cluster for perplexity, a plain one for greedy."""
     serving: dict[str, Any] = {"max_tokens_limit": 16384, "prompt_cache_size": 0}
+    bits, group, window = config
     if bits:
-        serving.update(kv_bits=bits, kv_group_size=group)
+        serving.update(kv_bits=bits, kv_group_size=group, kv_window=window)
     split = [15, 15] if ranks == 2 else None  # SmolLM2's 3 KV heads: pipeline at 2
-    tag = f"{ranks}r-{bits or 16}-{group}"
+    tag = f"{ranks}r-{bits or 16}-{group}-{window}"
     with rank_cluster(work / f"ppl-{tag}", model_dir, ranks, pipeline_split=split,
                       served_model_id="m", env={FORCED_OUTPUT: text}, **serving) as cluster, \
             httpx.Client(base_url=cluster.base_url, timeout=3600) as client:
@@ -70,7 +72,8 @@ def measure(model_dir: Path, ranks: int, bits: int | None, group: int, text: str
                       served_model_id="m", **serving) as cluster, \
             httpx.Client(base_url=cluster.base_url, timeout=600) as client:
         greedy = [greedy_tokens(client, p, args.max_tokens)[0] for p in PROMPTS]
-    return {"ranks": ranks, "kv_bits": bits, "kv_group_size": group, "tokens": len(nll),
+    return {"ranks": ranks, "kv_bits": bits, "kv_group_size": group, "kv_window": window,
+            "tokens": len(nll),
             "perplexity": math.exp(sum(nll) / len(nll)), "perplexity_s": round(ppl_s, 1),
             "greedy": greedy}
 
@@ -97,8 +100,8 @@ def main() -> None:
                         float32=find_openblas() is not None)
     args.title, text = text_tokens(model_dir, GPL.read_text(), args.tokens)
     work = REPO / "bench" / "results" / f"kv-quality-work-{int(time.time())}"
-    rows = [measure(model_dir, ranks, bits, group, text, args, work)
-            for ranks in args.ranks for bits, group in CONFIGS]
+    rows = [measure(model_dir, ranks, config, text, args, work)
+            for ranks in args.ranks for config in CONFIGS]
     greedy = [row.pop("greedy") for row in rows]
     for row, tokens in zip(rows, greedy, strict=True):
         i = next(i for i, r in enumerate(rows)
@@ -108,7 +111,7 @@ def main() -> None:
         row["target"] = TARGETS.get(row["kv_bits"] or 0)
         row["greedy_agreement"] = agreement(tokens, greedy[i])
         print(f"{row['ranks']} rank(s) kv_bits {row['kv_bits'] or '-':>2} group "
-              f"{row['kv_group_size']}: perplexity "
+              f"{row['kv_group_size']} window {row['kv_window']}: perplexity "
               f"{row['perplexity']:.4f} ({row['perplexity_delta']:+.2%}, target "
               f"{row['target'] if row['target'] is not None else '-'}) over {row['tokens']} "
               f"tokens in {row['perplexity_s']} s; greedy identical "

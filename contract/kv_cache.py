@@ -19,6 +19,16 @@ from contract.fingerprint import ModelConfigInfo
 KV_ELEMENT_BYTES = 2  # mlx-lm keeps keys and values in the activations' 16-bit dtype
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 KV_STEP = 256  # mlx-lm's KVCache and BatchKVCache grow by this many tokens
+# A quantized cache's exact window (`kv_window`) hands its oldest tokens to the quantized
+# part in blocks of this many (at most the window), so its buffer holds kv_window +
+# window_block(kv_window) tokens.
+KV_WINDOW_BLOCK = 32
+
+
+def window_block(window: int) -> int:
+    """Tokens leaving an exact window of `window` at once (1: no window, every token is
+    quantized as it is stored)."""
+    return min(KV_WINDOW_BLOCK, window) if window > 0 else 1
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,7 @@ class KvLayout:
     kv_bits: int | None = None
     kv_group_size: int = 64
     element_bytes: int | None = None  # None: from the config's dtype
+    kv_window: int = 0  # quantized: the most recent tokens kept exact ([serving] kv_window)
 
 
 def allocated_tokens(tokens: int) -> int:
@@ -83,13 +94,19 @@ def kv_bytes_per_token(config: ModelConfigInfo, layout: KvLayout) -> int:
 
 def sequence_kv_bytes(config: ModelConfigInfo, layout: KvLayout, tokens: int) -> int:
     """KV bytes of one sequence of `tokens` tokens on the rank; a sliding-window layer
-    keeps at most its window."""
+    keeps at most its window. Quantized with an exact window, a full-attention layer
+    also holds the window's buffer (kv_window + window_block tokens in the activations'
+    dtype) beside room for all its tokens quantized (a little more than it uses)."""
     total = 0
+    exact = KvLayout(layout.layers, layout.tensor_ranks, None, element_bytes=layout.element_bytes)
     for layer in layout.layers:
         kept = tokens
+        elements = layer_elements(config, layer, layout.tensor_ranks)
         if _layer_kind(config, layer) == "sliding_attention" and config.sliding_window:
             kept = min(tokens, config.sliding_window)
-        elements = layer_elements(config, layer, layout.tensor_ranks)
+        elif layout.kv_bits is not None and layout.kv_window and kept:
+            room = layout.kv_window + window_block(layout.kv_window)
+            total += _bytes(elements, exact, config) * room
         total += _bytes(elements, layout, config) * kept
     return total
 
@@ -113,11 +130,12 @@ def pipeline_layers(split: list[int]) -> list[range]:
 def rank_layouts(
     config: ModelConfigInfo, ranks: int, split: list[int] | None, *,
     kv_bits: int | None, kv_group_size: int, element_bytes: int | None = None,
+    kv_window: int = 0,
 ) -> list[KvLayout]:
     """Every rank's layout: tensor (all layers, a share of the heads) or pipeline (its
     own layers, all heads)."""
     if split and ranks > 1:
-        return [KvLayout(span, 1, kv_bits, kv_group_size, element_bytes)
+        return [KvLayout(span, 1, kv_bits, kv_group_size, element_bytes, kv_window)
                 for span in pipeline_layers(split)]
     every = range(config.num_hidden_layers or 0)
-    return [KvLayout(every, ranks, kv_bits, kv_group_size, element_bytes)] * ranks
+    return [KvLayout(every, ranks, kv_bits, kv_group_size, element_bytes, kv_window)] * ranks

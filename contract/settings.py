@@ -112,6 +112,9 @@ class ServingSettings(Section):
     # share one scale and bias; it must divide the model's head size (checked at start-up).
     kv_bits: Literal[4, 8] | None = None
     kv_group_size: Literal[32, 64, 128] = 64
+    # With kv_bits: each sequence's most recent kv_window tokens stay exact (unquantized),
+    # older ones are quantized in blocks as they leave it; 0: every token quantized.
+    kv_window: Annotated[int, Meta(ge=0, le=4096)] = 64
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     comm_profile: bool = False  # time each plan broadcast alone (drains the stream first)
     # Speculative decoding while one request runs alone: "prompt_lookup" drafts from the

@@ -23,7 +23,8 @@ def fill_kv(
     placement.context = context
     layouts = rank_layouts(config, len(placement.ranks), placement.pipeline_split,
                            kv_bits=spec.serving.kv_bits,
-                           kv_group_size=spec.serving.kv_group_size)
+                           kv_group_size=spec.serving.kv_group_size,
+                           kv_window=spec.serving.kv_window)
     configured = spec.serving.kv_cache_gb
     short = []
     for share, layout in zip(placement.ranks, layouts, strict=True):

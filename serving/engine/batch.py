@@ -59,10 +59,11 @@ class MirroredBatch:
         rank: int = 0,
         kv_bits: int | None = None,
         kv_group_size: int = 64,
+        kv_window: int = 0,
     ) -> None:
         self.model = model
         # [serving] kv_bits: new sequences start from quantized caches (serving/engine/kv_quant.py)
-        self.kv_quant = (kv_bits, kv_group_size) if kv_bits else None
+        self.kv_quant = (kv_bits, kv_group_size, kv_window) if kv_bits else None
         self.vocab_size = vocab_size
         self.grammars = grammars  # structured outputs' masks (None: grammars are ignored)
         self.max_prefill_chunk = prefill_step_size

@@ -24,10 +24,11 @@ class KVQuantUnsupported(Exception):
     """kv_bits is set and this model's cache cannot be quantized (start-up, exit 10)."""
 
 
-def fresh_cache(model: nn.Module, bits: int, group_size: int) -> list[Any]:
-    """A new sequence's per-layer caches, full-attention layers quantized."""
+def fresh_cache(model: nn.Module, bits: int, group_size: int, window: int = 0) -> list[Any]:
+    """A new sequence's per-layer caches, full-attention layers quantized (the `window`
+    most recent tokens kept exact)."""
     return [
-        SequenceKVCache(group_size=group_size, bits=bits) if type(cache) is KVCache else cache
+        SequenceKVCache(group_size, bits, window) if type(cache) is KVCache else cache
         for cache in make_prompt_cache(model)
     ]
 

@@ -70,7 +70,10 @@ class DenseStage(PipelineMixin):
         if self.pipeline_rank != 0:
             h = mx.distributed.send(h, (self.pipeline_rank - 1) % self.pipeline_size)
             if cache[-1] is not None:  # keep the send in the graph that is evaluated
-                cache[-1].keys = mx.depends(cache[-1].keys, h)
+                if hasattr(cache[-1], "depend_on"):  # the quantized cache's own arrays
+                    cache[-1].depend_on(h)
+                else:
+                    cache[-1].keys = mx.depends(cache[-1].keys, h)
         if self.pipeline_size > 1:
             h = mx.distributed.all_gather(h)[: h.shape[0]]
         return self.norm(h)

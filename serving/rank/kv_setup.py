@@ -39,7 +39,7 @@ def build_kv_budget(
     config = config_info(json.loads((loaded.path / "config.json").read_text(encoding="utf-8")))
     layouts = rank_layouts(
         config, group.size(), settings.pipeline_split, kv_bits=settings.serving.kv_bits,
-        kv_group_size=settings.serving.kv_group_size,
+        kv_group_size=settings.serving.kv_group_size, kv_window=settings.serving.kv_window,
         element_bytes=activation_bytes(loaded.model))
     kv = KvBudget(config, layouts, _budgets(settings, group))
     rank = group.rank()

@@ -67,8 +67,9 @@ def make_batch(
         check_model(loaded.model)  # this rank's layers: every rank refuses alike
     weights = mx.get_active_memory()
     if serving.kv_bits is not None:
-        log.info("KV cache quantized to %d bits (group %d): %s", serving.kv_bits,
-                 serving.kv_group_size, check_kv_quant(loaded.model, serving.kv_group_size))
+        log.info("KV cache quantized to %d bits (group %d, the last %d tokens exact): %s",
+                 serving.kv_bits, serving.kv_group_size, serving.kv_window,
+                 check_kv_quant(loaded.model, serving.kv_group_size))
     batch = MirroredBatch(
         loaded.model,
         set(loaded.tokenizer.eos_token_ids),
@@ -84,6 +85,7 @@ def make_batch(
         rank=group.rank(),
         kv_bits=serving.kv_bits,
         kv_group_size=serving.kv_group_size,
+        kv_window=serving.kv_window,
     )
     assert batch.kv is not None
     limit_memory(settings, batch.kv, group.rank(), weights)

@@ -72,6 +72,33 @@ def test_a_batch_pads_to_its_longest_sequence(tiny_model_dir: Path) -> None:
     batch.close()
 
 
+def test_a_quantized_batch_with_its_exact_window_stays_within_the_formula(
+        tmp_path: Path) -> None:
+    """kv_bits 4 with a window of 16: the generator's real cache (packed part and the
+    window's exact buffer) is at most what admission counts, and not a step less."""
+    model_dir = write_tiny_model(tmp_path, hidden_size=256, num_heads=4, num_kv_heads=2)
+    model, _ = load(str(model_dir))[:2]
+    config = config_info(json.loads((model_dir / "config.json").read_text()))
+    batch = MirroredBatch(model, {2}, config.vocab_size or 0, 4, 512, kv_bits=4,
+                          kv_group_size=64, kv_window=16)
+    params = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_tokens=20, seed=1)
+    batch.apply([Insert("a", list(range(1, 41)), params),
+                 Insert("b", list(range(1, 301)), params)], [])
+    for _ in range(4):
+        batch.step()
+    cache = batch.generator._generation_batch.prompt_cache
+    assert {c._idx - c._q for c in cache} <= set(range(16, 32))  # the window, exact
+    layout = KvLayout(range(2), kv_bits=4, element_bytes=activation_bytes(model), kv_window=16)
+    real = sum(c.nbytes for c in cache)
+    counted = batch_kv_bytes(config, layout, [43, 303])
+    # Never under; over by less than a step of packed tokens per row (the step a
+    # sequence's allocation is rounded up to).
+    packed_steps = batch_kv_bytes(config, KvLayout(range(2), kv_bits=4, element_bytes=4),
+                                  [256, 256])
+    assert counted - packed_steps < real <= counted
+    batch.close()
+
+
 def test_ranks_hold_their_heads_or_their_layers() -> None:
     """Tensor: every layer, a share of the KV heads; pipeline: its own layers in mlx-lm's
     order (rank 0 the last); both add up to the whole model's KV."""

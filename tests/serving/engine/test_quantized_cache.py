@@ -1,8 +1,11 @@
 """The batched quantized KV cache against mlx-lm's BatchKVCache, operation by operation.
 
-The reference is fed each position already quantized and dequantized, which is what the
-quantized cache stores (each position is quantized on its own), so the two must agree
-exactly through merge, chunked prefill, decode, filter, extend, trim and extract.
+Two references are driven alike: one fed the exact keys and values, one fed them already
+quantized and dequantized (what the quantized part stores: each position is quantized on
+its own). Every live position of the cache, read back in full precision, must equal one
+of the two exactly; the quantized part's positions the rounded one, and every row's
+`window` most recent positions the exact one, through merge, chunked prefill, decode,
+filter, extend, trim and extract.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.base import quantized_scaled_dot_product_attention
+from mlx_lm.models import base
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from serving.engine.quantized_cache import QuantizedBatchKVCache, SequenceKVCache
 
 HEADS, DIM = 2, 64
+WINDOW = 8  # blocks of 8 leave it: 8 to 15 positions exact
 
 
 def _kv(rows: int, steps: int, seed: int) -> tuple[mx.array, mx.array]:
@@ -30,142 +34,203 @@ def _round(x: mx.array, bits: int) -> mx.array:
 
 
 class Pair:
-    """The quantized cache and the reference, driven alike."""
+    """The quantized cache and the two references, driven alike."""
 
-    def __init__(self, quant: Any, ref: Any, bits: int) -> None:
-        self.quant, self.ref, self.bits = quant, ref, bits
+    def __init__(self, quant: Any, exact: Any, rounded: Any, bits: int) -> None:
+        self.quant, self.exact, self.rounded, self.bits = quant, exact, rounded, bits
+
+    def caches(self) -> tuple[Any, Any, Any]:
+        return self.quant, self.exact, self.rounded
 
     def update(self, keys: mx.array, values: mx.array) -> None:
         self.quant.update_and_fetch(keys, values)
-        self.ref.update_and_fetch(_round(keys, self.bits), _round(values, self.bits))
+        self.exact.update_and_fetch(keys, values)
+        self.rounded.update_and_fetch(_round(keys, self.bits), _round(values, self.bits))
 
-    def check(self) -> None:
-        keys, values = self.quant.keys_and_values()
-        ref_keys, ref_values = self.ref.keys_and_values()
-        for got, want in ((keys, ref_keys), (values, ref_values)):
-            plain = mx.dequantize(*got, group_size=64, bits=self.bits)
-            assert plain.shape == want.shape
-            # Padding columns hold whatever each cache left there: compare the live ones.
-            live = self.ref.make_mask(1)[:, 0, -1, :-1]
-            diff = mx.abs(plain - want).max(axis=(1, 3)) * live
-            assert diff.max().item() < 1e-5
-        assert self.quant.offset.tolist() == self.ref.offset.tolist()
-        assert self.quant.left_padding.tolist() == self.ref.left_padding.tolist()
-        assert self.quant.size() == self.ref.size()
-        assert mx.array_equal(self.quant.make_mask(3), self.ref.make_mask(3))
+    def check(self, window: int = WINDOW) -> None:
+        got = self.quant.dequantized()
+        live = self.exact.make_mask(1)[:, 0, -1, :-1][:, None, :, None]  # (rows, 1, cols, 1)
+        cols = mx.arange(self.quant.size())[None, None, :, None]
+        recent = cols >= self.quant.size() - window
+        quantized = cols < self.quant._q
+        for plain, exact, rounded in zip(got, self.exact.keys_and_values(),
+                                         self.rounded.keys_and_values(), strict=True):
+            assert plain.shape == exact.shape
+            off_exact = (plain != exact) & live
+            off_rounded = (plain != rounded) & live
+            assert not (off_exact & off_rounded).any().item(), "a value is neither"
+            assert not (off_exact & recent).any().item(), "the window is not exact"
+            assert not (off_rounded & quantized).any().item(), "a quantized one is off"
+        assert self.quant.offset.tolist() == self.exact.offset.tolist()
+        assert self.quant.left_padding.tolist() == self.exact.left_padding.tolist()
+        assert self.quant.size() == self.exact.size()
+        assert mx.array_equal(self.quant.make_mask(3), self.exact.make_mask(3))
+
+    def prepare(self, **kwargs: Any) -> None:
+        for cache in self.caches():
+            cache.prepare(**kwargs)
+
+    def finalize(self) -> None:
+        for cache in self.caches():
+            cache.finalize()
+
+    def filter(self, rows: list[int]) -> None:
+        for cache in self.caches():
+            cache.filter(rows)
+
+    def extend(self, other: Pair) -> None:
+        for cache, more in zip(self.caches(), other.caches(), strict=True):
+            cache.extend(more)
+
+    def trim(self, n: int) -> None:
+        assert {c.trim(n) for c in self.caches()} == {n}
 
 
-def _sequences(lengths: list[int], bits: int, seed: int) -> Pair:
-    quant, ref = [], []
+def _sequences(lengths: list[int], bits: int, seed: int, window: int = WINDOW) -> Pair:
+    quant, exact, rounded = [], [], []
     for i, n in enumerate(lengths):
-        q, r = SequenceKVCache(group_size=64, bits=bits), KVCache()
+        row = QuantizedBatchKVCache([0], group_size=64, bits=bits, window=window)
+        e, r = KVCache(), KVCache()
         if n:
             keys, values = _kv(1, n, seed + i)
-            q.update_and_fetch(keys, values)
+            row.update_and_fetch(keys, values)
+            e.update_and_fetch(keys, values)
             r.update_and_fetch(_round(keys, bits), _round(values, bits))
-        quant.append(q)
-        ref.append(r)
-    return Pair(SequenceKVCache.merge(quant), BatchKVCache.merge(ref), bits)
+        quant.append(row.extract(0) if n else SequenceKVCache(64, bits, window))
+        exact.append(e)
+        rounded.append(r)
+    return Pair(SequenceKVCache.merge(quant), BatchKVCache.merge(exact),
+                BatchKVCache.merge(rounded), bits)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_merge_prefill_and_decode_match_the_unquantized_batch(bits: int) -> None:
-    """Merging cached sequences, a right-padded prefill chunk and decode steps agree."""
-    pair = _sequences([5, 0, 9], bits, seed=1)
+def test_merge_prefill_and_decode_keep_the_window_exact(bits: int) -> None:
+    """Merging cached sequences, a right-padded prefill chunk and decode steps: the
+    window exact, everything older quantized."""
+    pair = _sequences([20, 0, 9], bits, seed=1)
     assert isinstance(pair.quant, QuantizedBatchKVCache)
     pair.check()
-    for cache in (pair.quant, pair.ref):  # rows prefill 3, 1 and 2 more tokens
-        cache.prepare(lengths=[3, 1, 2], right_padding=[0, 2, 1])
+    pair.prepare(lengths=[3, 1, 2], right_padding=[0, 2, 1])
     pair.update(*_kv(3, 3, seed=7))
-    pair.quant.finalize()
-    pair.ref.finalize()
+    pair.finalize()
     pair.check()
-    for step in range(300):  # past a 256-position block: the cache grows
+    for step in range(300):  # past a 256-position block: the quantized part grows
         pair.update(*_kv(3, 1, seed=100 + step))
+        if step % 37 == 0:
+            pair.check()
+    assert pair.quant._q > 256
+    pair.check()
+
+
+def test_a_long_right_padded_prompt_rolls_across_the_boundary() -> None:
+    """Chunks longer than the window with right padding: finalize moves each row's
+    padding left across the quantized/exact boundary."""
+    pair = _sequences([0, 0], 4, seed=20)
+    pair.prepare(left_padding=[0, 0])
+    pair.prepare(lengths=[40, 35], right_padding=[0, 5])
+    for chunk in range(4):
+        pair.update(*_kv(2, 10, seed=21 + chunk))
+    pair.finalize()
+    assert pair.quant._q > 0
+    pair.check()
+    pair.update(*_kv(2, 1, seed=30))
     pair.check()
 
 
 def test_filter_and_extend_across_batch_changes() -> None:
     """Sequences leaving (filter) and joining (extend) keep every row's KV in place."""
-    pair = _sequences([4, 7], 8, seed=2)
+    pair = _sequences([4, 30], 8, seed=2)
     pair.update(*_kv(2, 1, seed=3))
-    pair.quant.filter([0])  # the shorter row stays: the padding every row shares goes
-    pair.ref.filter([0])
+    pair.filter([0])  # the shorter row stays: the padding every row shares goes
     assert pair.quant.size() == 5
     pair.check()
-    other = _sequences([12, 3], 8, seed=4)
-    pair.quant.extend(other.quant)
-    pair.ref.extend(other.ref)
+    other = _sequences([40, 3], 8, seed=4)
+    pair.extend(other)
     pair.check()
     pair.update(*_kv(3, 1, seed=5))
     pair.check()
-    empty = _sequences([0], 8, seed=6)  # a fresh sequence joining a running batch
-    pair.quant.extend(empty.quant)
-    pair.ref.extend(empty.ref)
+    pair.extend(_sequences([0], 8, seed=6))  # a fresh sequence joining a running batch
+    pair.check()
+    pair.filter([1, 2])
     pair.check()
 
 
 def test_trim_takes_back_speculated_positions() -> None:
-    """trim(n) forgets the last n positions, as speculation's rejected drafts need."""
-    pair = _sequences([6, 2], 4, seed=8)
-    pair.update(*_kv(2, 4, seed=9))
-    assert pair.quant.trim(3) == pair.ref.trim(3) == 3
+    """trim(n) forgets the last n positions, as speculation's rejected drafts need; drafts
+    fed at once leave the window whole after the trim."""
+    pair = _sequences([30, 2], 4, seed=8)
+    for step in range(7):  # the window one short of handing a block over
+        pair.update(*_kv(2, 1, seed=40 + step))
+    pair.update(*_kv(2, 4, seed=9))  # drafts: a block leaves, what a trim may take stays
+    pair.trim(3)
     pair.check()
     pair.update(*_kv(2, 1, seed=10))
     pair.check()
+    pair.trim(20)  # into the quantized part
+    pair.check(window=0)
+    pair.update(*_kv(2, 1, seed=11))
+    pair.check(window=1)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_extract_and_state_round_trip_for_the_prefix_cache(bits: int) -> None:
-    """A row extracted, stored by state and merged back is bit-for-bit what was there."""
-    pair = _sequences([3, 8], bits, seed=11)
+    """A row extracted, stored by state, trimmed and merged back is what was there."""
+    pair = _sequences([3, 30], bits, seed=11)
     pair.update(*_kv(2, 2, seed=12))
-    row = pair.quant.extract(0)
-    assert row.size() == pair.ref.extract(0).offset == 5
+    row = pair.quant.extract(1)
+    assert row.size() == pair.exact.extract(1).offset == 32
     stored = SequenceKVCache.from_state(row.state)
-    assert (stored.bits, stored.group_size, stored.size()) == (bits, 64, 5)
+    stored.meta_state = row.meta_state
+    assert (stored.bits, stored.group_size, stored.size(), stored.nbytes) == (
+        bits, 64, 32, row.nbytes)
     again = SequenceKVCache.merge([stored])
-    start = int(pair.quant.left_padding[0].item())
-    for got, want in zip(again.keys_and_values()[0], pair.quant.keys_and_values()[0],
-                         strict=True):
-        assert mx.array_equal(got[0], want[0, :, start:])
+    for got, want in zip(again.dequantized(), pair.quant.dequantized(), strict=True):
+        assert mx.array_equal(got[0], want[1])
+    stored.trim(20)  # the prefix cache reusing a shorter prefix
+    shorter = SequenceKVCache.merge([stored])
+    for got, want in zip(shorter.dequantized(), pair.quant.dequantized(), strict=True):
+        assert mx.array_equal(got[0], want[1, :, :12])
     batch = QuantizedBatchKVCache.from_state(pair.quant.state)
     batch.meta_state = pair.quant.meta_state
     assert (batch.bits, batch.size(), batch.nbytes) == (bits, pair.quant.size(),
                                                         pair.quant.nbytes)
 
 
-def test_quantized_attention_over_the_batch_matches_dequantized_attention() -> None:
-    """Attention read straight from the packed cache (grouped heads, padded rows) equals
-    attention over its dequantized copy."""
-    pair = _sequences([5, 9], 8, seed=13)
+@pytest.mark.parametrize("window", [0, WINDOW])
+def test_decode_attention_over_both_parts_matches_attention_over_their_values(
+        window: int) -> None:
+    """A decode step reads [quantized ; exact window] (grouped heads, padded rows) as
+    attention over the same values in full precision would."""
+    pair = _sequences([20, 40], 8, seed=13, window=window)
     queries = mx.random.normal((2, 2 * HEADS, 1, DIM)).astype(mx.float16)
-    mask, ref_mask = pair.quant.make_mask(1), pair.ref.make_mask(1)  # as a model does,
-    pair.update(*_kv(2, 1, seed=15))  # then the layer stores this step's KV
-    keys, values = pair.quant.keys_and_values()
-    got = quantized_scaled_dot_product_attention(  # scales its queries in place: a copy
-        mx.array(queries), keys, values, scale=DIM**-0.5, mask=mask, group_size=64, bits=8)
+    mask = pair.quant.make_mask(1)  # as a model does, then the layer stores this step's KV
+    keys, values = pair.quant.update_and_fetch(*_kv(2, 1, seed=15))
+    assert pair.quant.bits == 8 and keys[0].dtype == mx.uint32
+    assert hasattr(keys, "exact") == bool(window)
+    got = base.scaled_dot_product_attention(  # as mlx-lm's models call it
+        mx.array(queries), keys, values, cache=pair.quant, scale=DIM**-0.5, mask=mask)
     want = mx.fast.scaled_dot_product_attention(
-        queries, *pair.ref.keys_and_values(), scale=DIM**-0.5, mask=ref_mask)
-    assert mx.allclose(got, want, atol=2e-3).item()
+        queries, *pair.quant.dequantized(), scale=DIM**-0.5, mask=mask)
+    assert mx.allclose(got, want, atol=4e-3).item()  # float16's rounding
 
 
 def test_4_bit_cache_holds_under_a_third_of_16_bit_kv() -> None:
-    """The memory win: 4 bits plus a scale and bias per 64 values, against float16."""
-    pair = _sequences([256], 4, seed=14)
-    sixteen = 2 * 256 * HEADS * DIM * 2
-    assert pair.quant.nbytes <= sixteen * 0.29
+    """The memory win: 4 bits plus a scale and bias per 64 values, against float16, with
+    the window's 16 positions in float16 beside 512 quantized."""
+    pair = _sequences([512], 4, seed=14)
+    sixteen = 2 * 512 * HEADS * DIM * 2
+    assert pair.quant.nbytes <= sixteen * 0.31
 
 
-def test_a_chunk_attends_exactly_a_decode_step_quantized() -> None:
-    """A prompt chunk gets dequantized history plus its own exact KV (and no `bits`, so
-    the model's attention is the float one); a single position gets the packed cache."""
-    pair = _sequences([4], 8, seed=16)
+def test_a_chunk_attends_exactly_a_decode_step_through_the_quantized_part() -> None:
+    """A prompt chunk gets the history in full precision (no `bits`: the model's float
+    attention); a single position gets the packed part once one exists."""
+    pair = _sequences([4], 8, seed=16, window=0)
     keys, values = _kv(1, 3, seed=17)
     got_k, got_v = pair.quant.update_and_fetch(keys, values)
     assert not hasattr(pair.quant, "bits")
-    history = mx.dequantize(*pair.quant.keys_and_values()[0], group_size=64, bits=8)[..., :4, :]
     assert mx.array_equal(got_k[..., 4:, :], keys) and mx.array_equal(got_v[..., 4:, :], values)
-    assert mx.array_equal(got_k[..., :4, :], history)
-    packed, _ = pair.quant.update_and_fetch(*_kv(1, 1, seed=18))
-    assert pair.quant.bits == 8 and packed[0].dtype == mx.uint32
+    assert mx.array_equal(got_k[..., :4, :], _round(pair.exact.keys_and_values()[0][..., :4, :], 8))
+    windowed = _sequences([4], 8, seed=16)
+    packed, _ = windowed.quant.update_and_fetch(*_kv(1, 1, seed=18))
+    assert not hasattr(windowed.quant, "bits") and packed.dtype == mx.float16  # all exact
