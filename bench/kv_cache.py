@@ -93,7 +93,7 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
                       pipeline_split=split, **serving) as cluster:
         url = cluster.base_url
         if args.skip_memory:
-            return _long_only(url, row, prompts, args)
+            return _long_prompt(url, row, prompts, args)
         loaded = peak_rss(cluster)
         bodies = [chat_body("m", p + "\nSummarize this.", 16) for p in prompts["eight"]]
         streams, wall = concurrent_streams(url, bodies)
@@ -111,23 +111,16 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
                      for _ in range(args.short_repeats)]
             row["decode_tps_short"] = statistics.median(decode_tps(s) for s in short)
             progress(f"{ranks}r kv_bits {bits}: short decode {row['decode_tps_short']:.1f}")
-            long_body = chat_body("m", prompts["long"], args.long_decode, usage=True)
-            (long,), _ = concurrent_streams(url, [long_body], client=client)
-        if long.error or long.ttft_s is None:
-            raise RuntimeError(long.error)
-        row.update(long_prompt_tokens=long.prompt_tokens,
-                   prefill_tps=(long.prompt_tokens or 0) / long.ttft_s,
-                   decode_tps_long=decode_tps(long), long_ttft_s=round(long.ttft_s, 2))
-    progress(f"{ranks}r kv_bits {bits}: long prompt {long.prompt_tokens} tokens read in "
-             f"{long.ttft_s:.0f} s")
+            _long_prompt(url, row, prompts, args, client)
     return row
 
 
-def _long_only(url: str, row: dict[str, Any], prompts: dict[str, Any],
-               args: argparse.Namespace) -> dict[str, Any]:
-    """--skip-memory: the long prompt's prefill and decode only."""
+def _long_prompt(url: str, row: dict[str, Any], prompts: dict[str, Any],
+                 args: argparse.Namespace, client: httpx.Client | None = None
+                 ) -> dict[str, Any]:
+    """The long prompt's prefill and decode, into `row` (alone: --skip-memory)."""
     (long,), _ = concurrent_streams(url, [chat_body("m", prompts["long"], args.long_decode,
-                                                    usage=True)])
+                                                    usage=True)], client=client)
     if long.error or long.ttft_s is None:
         raise RuntimeError(long.error)
     row.update(long_prompt_tokens=long.prompt_tokens,
