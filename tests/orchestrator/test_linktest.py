@@ -1,4 +1,6 @@
-"""`orchestrator linktest` on local ranks: figures for every link, thresholds, refusal."""
+"""`orchestrator linktest` on local ranks: figures for every link, thresholds, refusal; on
+a ring of namespace hosts (built once for the two tests that use it, each leaving its
+cables clear): a shaped cable measured, a dead one named."""
 
 from __future__ import annotations
 
@@ -6,14 +8,16 @@ import json
 import os
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tomli_w
 
 from orchestrator.state_file import ClusterState, own_start_time, write_state
-from testkit.netns import HostsFactory, MultiHost
+from testkit.netns import MultiHost
 from testkit.orchestrator_process import run_cli, write_cluster
+from testkit.shared_hosts import shared_hosts
 
 pytestmark = pytest.mark.timeout(180)
 TWO_LOCAL = [{"name": "a", "ip": "127.0.0.1"}, {"name": "b", "ip": "127.0.0.1"}]
@@ -59,6 +63,14 @@ def test_linktest_refused_while_serving(tmp_path: Path) -> None:
     assert "is serving" in result.stdout and "--force" in result.stdout
 
 
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
+    """3 hosts cabled in a ring, shared by the ring tests (a set of hosts costs its
+    namespaces, veths and an sshd per host to build and tear down)."""
+    with shared_hosts(tmp_path_factory, 3, "ring") as net:
+        yield net
+
+
 def ring_config(tmp_path: Path, net: MultiHost) -> Path:
     config = write_cluster(
         tmp_path, "bundled:smollm2-135m-instruct", [net.node(i) for i in (0, 1, 2)]
@@ -70,27 +82,34 @@ def ring_config(tmp_path: Path, net: MultiHost) -> Path:
 
 
 @pytest.mark.e2e
-def test_linktest_sees_the_shaped_cable(netns_hosts: HostsFactory, tmp_path: Path) -> None:
+def test_linktest_sees_the_shaped_cable(ring: MultiHost, tmp_path: Path) -> None:
     """A ring of 3 hosts with the h0-h1 cable shaped to 200 Mbit/s: that link measures below
     0.25 Gbit/s, the others several times more."""
-    net = netns_hosts(3, "ring")
+    net = ring
     net.shape(0, 1, rate="200mbit")
-    result = run_cli("linktest", str(ring_config(tmp_path, net)), "--json", timeout=170)
+    try:
+        result = run_cli("linktest", str(ring_config(tmp_path, net)), "--json", timeout=170)
+    finally:
+        net.clear(0, 1)
     assert result.returncode == 0, result.stdout + result.stderr
     gbits = {
         (link["from"], link["to"]): link["gbits"] for link in json.loads(result.stdout)["links"]
     }
     assert gbits[("h0", "h1")] < 0.25, gbits
     assert min(gbits[("h1", "h2")], gbits[("h2", "h0")]) > 4 * gbits[("h0", "h1")], gbits
+    assert net.only_sshd_left()  # the next test's ranks start on hosts as they were
 
 
 @pytest.mark.e2e
-def test_linktest_names_a_dead_cable_in_seconds(netns_hosts: HostsFactory, tmp_path: Path) -> None:
+def test_linktest_names_a_dead_cable_in_seconds(ring: MultiHost, tmp_path: Path) -> None:
     """Every packet on the h1-h2 cable dropped: linktest fails fast, naming that link."""
-    net = netns_hosts(3, "ring")
+    net = ring
     net.drop_all(1, 2)
     started = time.monotonic()
-    result = run_cli("linktest", str(ring_config(tmp_path, net)), timeout=60)
+    try:
+        result = run_cli("linktest", str(ring_config(tmp_path, net)), timeout=60)
+    finally:
+        net.clear(1, 2)
     assert result.returncode == 1, result.stdout + result.stderr
     assert time.monotonic() - started < 20
     row = next(line for line in result.stdout.splitlines() if net.hosts[2].data_ips[1] in line)
