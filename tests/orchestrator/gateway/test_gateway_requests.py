@@ -41,9 +41,11 @@ def without_eos(model_dir: Path) -> dict[str, float]:
 
 class Gateway:
     def __init__(
-        self, url: str, rank0_url: str, model_dir: Path, orchestrator: Orchestrator
+        self, url: str, rank0_url: str, model_dir: Path, orchestrator: Orchestrator,
+        config: Path,
     ) -> None:
         self.url, self.rank0_url, self.model = url, rank0_url, model_dir.name
+        self.config = config
         self.logit_bias = without_eos(model_dir)
         self.orchestrator = orchestrator
         self.host, port = url.removeprefix("http://").split(":")
@@ -85,11 +87,12 @@ class Gateway:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Gateway]:
-    """One local rank of the tiny model behind the gateway."""
+    """One local rank of the tiny model behind the gateway; stop_grace_s 30 s for the
+    drain test, which ends it."""
     tmp = tmp_path_factory.mktemp("gateway")
     config = write_cluster(
         tmp, str(tiny_model_dir), [{"name": "a"}],
-        supervisor={"standby_ranks": False},
+        supervisor={"standby_ranks": False, "stop_grace_s": 30.0},
         model={"context_length": LONG + 100},
         serving={"max_tokens_limit": LONG, "max_batch_size": BATCH},
     )
@@ -97,7 +100,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
     url = f"http://{data['api']['host']}:{data['api']['port']}"
     with running(config, url=url) as orchestrator:
         rank0_url = f"http://127.0.0.1:{data['serving']['rank_api_port']}"
-        yield Gateway(url, rank0_url, tiny_model_dir, orchestrator)
+        yield Gateway(url, rank0_url, tiny_model_dir, orchestrator, config)
 
 
 def give_up_after(gateway: Gateway, seconds: float, stream: bool, errors: list[str]) -> None:
@@ -143,64 +146,6 @@ def test_clients_that_leave_free_their_batch_slots(gateway: Gateway, stream: boo
     reply = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=30)
     served_s = time.monotonic() - started
     assert reply.status_code == 200 and served_s < 3.0, (reply.status_code, served_s)
-
-
-def test_down_drains_and_a_second_ctrl_c_skips_the_drain(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
-    """`down` while two streams run: one of about 3 s is drained to its normal end; the
-    other cannot end within stop_grace_s (30 s), so `up` is still there after the first;
-    a second Ctrl-C ends it and its ranks within seconds."""
-    config = write_cluster(
-        tmp_path, str(tiny_model_dir), [{"name": "a"}],
-        supervisor={"standby_ranks": False, "stop_grace_s": 30.0},
-        model={"context_length": LONG + 100}, serving={"max_tokens_limit": LONG},
-    )
-    api = tomllib.loads(config.read_text())["api"]
-    url = f"http://{api['host']}:{api['port']}"
-    body = {"model": tiny_model_dir.name, "prompt": "Tell", "max_tokens": 200,
-            "logit_bias": without_eos(tiny_model_dir)}
-    streaming = threading.Event()
-    short: list[str] = []  # its data lines, then when it ended
-
-    def stream(max_tokens: int, lines: list[str] | None = None) -> None:
-        with contextlib.suppress(httpx.HTTPError), httpx.stream(
-            "POST", f"{url}/v1/completions", timeout=60,
-            json={**body, "max_tokens": max_tokens, "stream": True},
-        ) as reply:
-            for line in reply.iter_lines():
-                streaming.set()
-                if lines is not None and line:
-                    lines.append(line)
-        if lines is not None:
-            lines.append(str(time.monotonic()))
-
-    with running(config, url=url) as orchestrator:
-        pids = orchestrator.remember_descendants()
-        started = time.monotonic()
-        httpx.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
-        # About 3 s of tokens on this machine: it outlasts `down`'s start, not the grace.
-        tokens = min(LONG, int(3.0 * 200 / (time.monotonic() - started)))
-        endless = threading.Thread(target=stream, args=(LONG,))
-        endless.start()
-        assert streaming.wait(30)
-        drained = threading.Thread(target=stream, args=(tokens, short))
-        drained.start()
-        down = threading.Thread(target=run_cli, args=("down", str(config)))
-        down.start()
-        drained.join(30)
-        assert short[-2] == "data: [DONE]" and '"finish_reason":"length"' in short[-3], short[-3:]
-        stopping = [at for at, line in orchestrator.lines if "stopping: " in line]
-        assert stopping and stopping[0] < float(short[-1]), "it ended before the stop began"
-        assert orchestrator.process.poll() is None, "`down` did not wait for the endless stream"
-        second = time.monotonic()
-        orchestrator.process.send_signal(signal.SIGINT)
-        orchestrator.wait_exit(15)
-        exited_s = time.monotonic() - second
-        endless.join(30)
-        down.join(30)
-        assert wait_gone(pids, 5) == set()
-    assert exited_s < 5.0, exited_s
 
 
 @pytest.mark.parametrize("path", ["/v1/../health", "/v1/%2e%2e/metrics", "/v1/./models",
@@ -291,3 +236,54 @@ def test_a_long_prompt_is_tokenized_off_rank_0s_event_loop(gateway: Gateway) -> 
     assert answers[0].json()["input_tokens"] > 270_000
     assert took > 0.8, f"tokenizing took only {took:.2f} s: too quick to tell"
     assert slowest < 0.3, f"/health waited {slowest:.2f} s while a prompt was tokenized"
+
+
+# Last: it ends the module's cluster.
+def test_down_drains_and_a_second_ctrl_c_skips_the_drain(gateway: Gateway) -> None:
+    """`down` while two streams run: one of about 3 s is drained to its normal end; the
+    other cannot end within stop_grace_s (30 s), so `up` is still there after the first;
+    a second Ctrl-C ends it and its ranks within seconds. (The module's cluster: this
+    test ends it, so it runs last.)"""
+    config, url, orchestrator = gateway.config, gateway.url, gateway.orchestrator
+    body = {"model": gateway.model, "prompt": "Tell", "max_tokens": 200,
+            "logit_bias": gateway.logit_bias}
+    streaming = threading.Event()
+    short: list[str] = []  # its data lines, then when it ended
+
+    def stream(max_tokens: int, lines: list[str] | None = None) -> None:
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+            "POST", f"{url}/v1/completions", timeout=60,
+            json={**body, "max_tokens": max_tokens, "stream": True},
+        ) as reply:
+            for line in reply.iter_lines():
+                streaming.set()
+                if lines is not None and line:
+                    lines.append(line)
+        if lines is not None:
+            lines.append(str(time.monotonic()))
+
+    pids = orchestrator.remember_descendants()
+    started = time.monotonic()
+    httpx.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
+    # About 3 s of tokens on this machine: it outlasts `down`'s start, not the grace.
+    tokens = min(LONG, int(3.0 * 200 / (time.monotonic() - started)))
+    endless = threading.Thread(target=stream, args=(LONG,))
+    endless.start()
+    assert streaming.wait(30)
+    drained = threading.Thread(target=stream, args=(tokens, short))
+    drained.start()
+    down = threading.Thread(target=run_cli, args=("down", str(config)))
+    down.start()
+    drained.join(30)
+    assert short[-2] == "data: [DONE]" and '"finish_reason":"length"' in short[-3], short[-3:]
+    stopping = [at for at, line in orchestrator.lines if at > started and "stopping: " in line]
+    assert stopping and stopping[0] < float(short[-1]), "it ended before the stop began"
+    assert orchestrator.process.poll() is None, "`down` did not wait for the endless stream"
+    second = time.monotonic()
+    orchestrator.process.send_signal(signal.SIGINT)
+    orchestrator.wait_exit(15)
+    exited_s = time.monotonic() - second
+    endless.join(30)
+    down.join(30)
+    assert wait_gone(pids, 5) == set()
+    assert exited_s < 5.0, exited_s
