@@ -42,7 +42,7 @@ SUPERVISOR = {
     "backoff_initial_s": 0.5,
     "backoff_max_s": 4.0,
     "hang_timeout_s": 6.0,
-    "ebusy_cooldown_s": 3.0,
+    "ebusy_cooldown_s": 1.0,  # the retry's wait: the test needs it to happen, not to last
     "stop_grace_s": 2.0,
     # 15 s: what the init_timeout test waits. A tiny gang's launch takes 3-4 s on a 2-core
     # machine running another test, over 8 s when it is loaded further; the other tests
