@@ -48,13 +48,14 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Served]:
-    """One local rank of the tiny model behind a gateway that wants an API key; at most 16
-    tokens a request, so that every fuzzed request is quick."""
+    """One local rank of the tiny model behind a gateway that wants an API key; at most 8
+    tokens a request, so that every fuzzed request is quick (~120 of them reach the
+    engine, and most end at the limit)."""
     tmp = tmp_path_factory.mktemp("fuzz")
     config = write_cluster(
         tmp, str(tiny_model_dir), [{"name": "a"}],
         api={"api_key_env": "FUZZ_API_KEY"},
-        serving={"max_tokens_limit": 16, "max_tokens_default": 8},
+        serving={"max_tokens_limit": 8, "max_tokens_default": 4},
         supervisor={"standby_ranks": False},
     )
     api = tomllib.loads(config.read_text())["api"]

@@ -38,7 +38,7 @@ BIASED = 42  # a +100 logit_bias makes greedy decoding pick it with probability 
 # beyond the cores busy-poll each other's collectives (2 per layer per step): a step of
 # SmolLM2 at 3 ranks on 2 cores takes ~1.5-3 s of wall and ~6 s of CPU, of the tiny model
 # at 4 ranks ~0.2 s (its longer answers check a longer KV cache).
-BUNDLED_TOKENS = 3
+BUNDLED_TOKENS = 2
 TINY_TOKENS = 6
 LONG_TOKENS = 120  # the stream that joining requests share a batch with
 
