@@ -47,6 +47,12 @@ class Cluster:
         found = self.instances()
         return len(found) == 3 and all(i["state"] == "ready" for i in found.values())
 
+    def running_at(self, instance: str) -> float:
+        """Requests in the batch of `instance`'s rank 0."""
+        text = httpx.get(f"http://127.0.0.1:{self.rank0_port[instance]}/metrics").text
+        return sum(sample.value for family in text_string_to_metric_families(text)
+                   if family.name == "serving_requests_running" for sample in family.samples)
+
     def finished_at(self, instance: str) -> float:
         """Requests rank 0 of `instance` finished: which rank process did the work."""
         text = httpx.get(f"http://127.0.0.1:{self.rank0_port[instance]}/metrics").text
@@ -208,6 +214,30 @@ def test_a_replica_killed_under_load_loses_no_request(cluster: Cluster) -> None:
     assert after["small"]["launch_id"] == before["small"]["launch_id"]
     assert after["small"]["restarts"] == 0 and after["big-b"]["restarts"] == 0
     assert _chat(cluster.url, "big").status_code == 200
+
+
+def test_a_request_at_a_killed_replica_is_resent_at_once(cluster: Cluster) -> None:
+    """A request at work on big-a when its rank is killed from outside: resent to big-b
+    at once, before the supervisor has classified the failure, and answered there."""
+    launch = cluster.instances()["big-a"]["launch_id"]
+    restarts = cluster.instances()["big-a"]["restarts"]
+    answered = _counted(cluster.url, "orchestrator_responses_total")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        call = pool.submit(_chat, cluster.url, "big", 1000)  # both idle: big-a, the first
+        wait_until(lambda: cluster.running_at("big-a") > 0 or call.done(), 60,
+                   "the request at work on big-a")
+        assert not call.done()
+        os.kill(cluster.instances()["big-a"]["ranks"][0]["pid"], signal.SIGKILL)
+        reply = call.result()
+    assert reply.status_code == 200, reply.text
+    assert _delta(_counted(cluster.url, "orchestrator_responses_total"), answered) == {
+        ("big-b", "200"): 1}
+    # The gateway's own line: resent without waiting for the cause (a kill from outside
+    # would have let it go batched after the wait too, but only after the wait).
+    assert f"requests lost with launch {launch}: resent at once" in cluster.orchestrator.text
+    wait_until(lambda: cluster.instances()["big-a"]["restarts"] == restarts + 1, 60,
+               "big-a restarted")
+    wait_until(cluster.all_ready, 120, "big-a back")
 
 
 def test_every_instance_is_adopted_after_kill_9(cluster: Cluster) -> None:
