@@ -3,6 +3,7 @@
     /work/coord/bin/heavy .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
                                                    [--tokens 64] [--kills 3]
                                                    [--failover-only] [--burst 4]
+                                                   [--kill-after 0.02]
 
 One run, three servers up side by side on the same model (the bundled SmolLM2, float32
 with OpenBLAS as the ranks serve it) on this machine:
@@ -23,13 +24,15 @@ at 8 streams.
 
 Failover, on `two` after the rates (`--kills` times, the replica killed alternating):
 `--burst` (4) streamed chats are sent at once (least work puts half on each replica), the
-rank of one replica is SIGKILLed the moment they are sent, and as many more are sent right
-after the kill (the gateway has not seen it yet, so about half go to the dead replica:
-connection refused). With `--burst 2` the figure is mostly the failover itself; with 4,
-mostly the surviving rank's prefill of 6-8 prompts on this box. Per kill: the time from the kill to the last of the 8 streams' first token
-(every request of the dead replica served by the other), the same figure for a control
-burst without a kill, failed requests, when the gateway's /status showed the replica not
-ready and when it was ready again. Target: served within 2 s of the kill.
+rank of one replica is SIGKILLed `--kill-after` (0.02) s later, and as many more are sent
+right after the kill (the gateway has not seen it yet, so about half go to the dead
+replica: connection refused). With 0.02 s most kills land before the first streams reach
+rank 0 on this loaded box (they leave 0.07-0.4 s after); with 0.5 s they are at rank 0, in
+prefill, and are lost with it. Per kill: the time from the kill to the last of the
+2 x burst streams' first token (every request of the dead replica served by the other),
+the same figure for a control burst without a kill, failed requests, when the gateway's
+/status showed the replica not ready and when it was ready again. Target: served within
+2 s of the kill.
 
 Figures go to bench/results/instances-<timestamp>.json, with the BLAS threads each rank
 reported and the orchestrators' logs. `--failover-only` starts only `two` and measures
@@ -188,10 +191,13 @@ class StatusWatch:
 
 
 def burst_pair(
-    url: str, tokens: int, serials: Iterator[int], victim_pid: int | None, burst: int
+    url: str, tokens: int, serials: Iterator[int], victim_pid: int | None,
+    args: argparse.Namespace,
 ) -> tuple[float, list[StreamTimes]]:
-    """`burst` streams, the kill (if any) the moment they are sent, then as many more;
-    returns (the kill's perf_counter time, or the first send's, and every stream)."""
+    """`--burst` streams, the kill (if any) `--kill-after` s after they start, then as
+    many more; returns (the kill's perf_counter time, or the first send's, and every
+    stream)."""
+    burst = args.burst
     results: list[list[StreamTimes]] = []
 
     def send() -> None:
@@ -201,7 +207,7 @@ def burst_pair(
 
     first = threading.Thread(target=send)
     first.start()
-    time.sleep(0.02)  # sent, not yet answered: prefill of 4 prompts takes longer
+    time.sleep(args.kill_after)  # sent (or on their way), not yet answered
     t0 = time.perf_counter()
     if victim_pid is not None:
         os.kill(victim_pid, signal.SIGKILL)
@@ -232,11 +238,11 @@ def measure_failover(url: str, orchestrator: Orchestrator, args: argparse.Namesp
     for kill in range(args.kills):
         wait_until(lambda: all_ready(url, 2), 300, "both replicas ready")
         time.sleep(1.0)
-        c0, control = burst_pair(url, args.failover_tokens, serials, None, args.burst)
+        c0, control = burst_pair(url, args.failover_tokens, serials, None, args)
         name = sorted(instances(url))[kill % 2]
         pid = instances(url)[name]["ranks"][0]["pid"]
         watch = StatusWatch(url, name)
-        t0, times = burst_pair(url, args.failover_tokens, serials, pid, args.burst)
+        t0, times = burst_pair(url, args.failover_tokens, serials, pid, args)
         wait_until(lambda w=watch: w.back is not None, 300, f"{name} ready again")
         watch.stop()
         run = {
@@ -301,6 +307,9 @@ def main() -> None:
     parser.add_argument("--failover-tokens", type=int, default=16)
     parser.add_argument("--burst", type=int, default=FAILOVER_BURST,
                         help="failover: streams sent before the kill, and again after it")
+    parser.add_argument("--kill-after", type=float, default=0.02,
+                        help="failover: seconds from the first streams' start to the kill "
+                             "(0.5: they are at rank 0, in prefill, on this loaded box)")
     parser.add_argument("--failover-only", action="store_true",
                         help="start only `two` and measure failover (no rates)")
     args = parser.parse_args()

@@ -168,7 +168,8 @@ class Proxy:
                 if lost.in_flight:
                     losses += 1
                     if losses >= MAX_RESTARTS_PER_REQUEST:
-                        raise await self._quarantine(failed_launch, booking, alone) from None
+                        raise await self._quarantine(
+                            failed_launch, booking, alone, early=bool(unclassified)) from None
                     alone, unclassified = await self.triage.after_loss(failed_launch, deadline)
                 booking.counters.requests_retried.inc()
 
@@ -210,13 +211,15 @@ class Proxy:
         finally:
             await gate.__aexit__(None, None, None)
 
-    async def _quarantine(self, failed_launch: str, booking: Booking, alone: bool) -> ApiError:
+    async def _quarantine(
+        self, failed_launch: str, booking: Booking, alone: bool, *, early: bool = False
+    ) -> ApiError:
         """The error for a request whose second run failed a gang, naming the failure once
         the supervisor has classified it."""
         booking.counters.requests_quarantined.inc()
         booking.counters.request_of_death_restarts.inc(MAX_RESTARTS_PER_REQUEST)
         failure = await self.view.failure_of(failed_launch, CAUSE_WAIT_S)
-        return request_of_death(failure.summary() if failure else "", alone=alone)
+        return request_of_death(failure.summary() if failure else "", alone=alone, early=early)
 
     async def _counted(
         self, upstream: Upstream, booking: Booking, *args: Any

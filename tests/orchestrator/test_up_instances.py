@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import tomllib
 from collections.abc import Iterator
@@ -217,26 +218,36 @@ def test_a_replica_killed_under_load_loses_no_request(cluster: Cluster) -> None:
 
 
 def test_a_request_at_a_killed_replica_is_resent_at_once(cluster: Cluster) -> None:
-    """A request at work on big-a when its rank is killed from outside: resent to big-b
-    at once, before the supervisor has classified the failure, and answered there."""
-    launch = cluster.instances()["big-a"]["launch_id"]
-    restarts = cluster.instances()["big-a"]["restarts"]
+    """A request at work on big-a when its rank is killed from outside, r0's agent paused
+    so that the supervisor cannot know the failure's cause yet: resent to big-b at once,
+    without waiting for the cause, and answered there before the supervisor's `failure:`."""
+    before = cluster.instances()["big-a"]
+    launch, pid = before["launch_id"], before["ranks"][0]["pid"]
+    started = re.search(rf"\[r0\] node_agent\[(\d+)\] INFO rank 0 started: pid {pid}\b",
+                        cluster.orchestrator.text)
+    assert started, f"no agent line for big-a's rank {pid}"
+    agent = int(started.group(1))
     answered = _counted(cluster.url, "orchestrator_responses_total")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         call = pool.submit(_chat, cluster.url, "big", 1000)  # both idle: big-a, the first
         wait_until(lambda: cluster.running_at("big-a") > 0 or call.done(), 60,
                    "the request at work on big-a")
         assert not call.done()
-        os.kill(cluster.instances()["big-a"]["ranks"][0]["pid"], signal.SIGKILL)
-        reply = call.result()
+        failures = cluster.orchestrator.text.count("failure:")
+        os.kill(agent, signal.SIGSTOP)  # its report of the exit (the cause) waits
+        try:
+            os.kill(pid, signal.SIGKILL)
+            reply = call.result(timeout=60)
+            seen = cluster.orchestrator.text
+        finally:
+            os.kill(agent, signal.SIGCONT)
     assert reply.status_code == 200, reply.text
     assert _delta(_counted(cluster.url, "orchestrator_responses_total"), answered) == {
         ("big-b", "200"): 1}
-    # The gateway's own line: resent without waiting for the cause (a kill from outside
-    # would have let it go batched after the wait too, but only after the wait).
-    assert f"requests lost with launch {launch}: resent at once" in cluster.orchestrator.text
-    wait_until(lambda: cluster.instances()["big-a"]["restarts"] == restarts + 1, 60,
-               "big-a restarted")
+    assert f"requests lost with launch {launch}: resent at once" in seen
+    assert seen.count("failure:") == failures  # answered before the cause was known
+    wait_until(lambda: cluster.instances()["big-a"]["restarts"] == before["restarts"] + 1,
+               60, "big-a restarted")
     wait_until(cluster.all_ready, 120, "big-a back")
 
 
