@@ -274,3 +274,18 @@ async def test_a_request_resent_at_once_runs_alone_once_its_cause_is_a_crash(
     assert arrivals == [False, True]
     assert gateway.metrics["a"].registry.get_sample_value(
         "orchestrator_requests_quarantined_total") == 0
+
+
+async def test_resent_at_once_and_lost_again_is_answered_with_an_error(
+    instances: object,
+) -> None:
+    """Lost with a (cause not known yet), resent at once, lost with b too: the 500, saying
+    it was resent before the first cause was known; never a third run."""
+    gateway = instances({"a": cut, "b": cut}, {"m": ["a", "b"]})  # type: ignore[operator]
+    gateway.views["b"].failures["b1"] = KILLED
+    async with gateway.client as client:
+        reply = await client.post("/v1/chat/completions", json=chat("m"))
+    assert reply.status_code == 500, reply.text
+    assert "before that failure's cause was known" in reply.json()["error"]["message"]
+    assert gateway.metrics["b"].registry.get_sample_value(
+        "orchestrator_requests_quarantined_total") == 1

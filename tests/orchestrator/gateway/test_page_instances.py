@@ -5,6 +5,7 @@ beta killed shows in beta's row while alpha's stays ready."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -66,9 +67,9 @@ def row_states(page: Any) -> dict[str, str]:
 
 @pytest.mark.timeout(300)
 def test_each_instance_has_its_row_state_and_own_charts(url: str) -> None:
-    """Both instances listed with their model and READY state; tokens/s drawn per instance,
-    alpha's up under its load and beta's not; beta's rank killed: its row leaves ready and
-    comes back, alpha's stays ready throughout."""
+    """Both instances listed with their model and READY state, a chat to the model picked;
+    tokens/s drawn per instance, alpha's up under its load and beta's not; beta's rank
+    killed: its row leaves ready and comes back, alpha's stays ready throughout."""
     with chromium() as browser:
         page = open_status_page(browser, url, PHONE)
         page.wait_for_function("document.querySelectorAll('#instances tbody tr').length === 2")
@@ -79,6 +80,14 @@ def test_each_instance_has_its_row_state_and_own_charts(url: str) -> None:
         assert page.locator("#ranks tbody").inner_text().count("\u00b7 0") == 2
         assert page.evaluate("[...document.getElementById('chat-model').options]"
                              ".map((o) => o.value)") == list(NAMES)
+
+        with page.expect_response(lambda r: r.url.endswith("/v1/chat/completions"),
+                                  timeout=60_000) as replied:
+            page.select_option("#chat-model", "beta")
+            page.fill("#prompt", "Hello?")
+            page.click("#chat-form button")
+        assert replied.value.status == 200, replied.value.text()
+        assert json.loads(replied.value.request.post_data or "{}")["model"] == "beta"
 
         page.wait_for_function("samples.length >= 1", timeout=30_000)
         before = page.evaluate("samples.length")
