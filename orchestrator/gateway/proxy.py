@@ -2,8 +2,9 @@
 
 A request that has not sent a byte to its client yet is resent to the next gang; a stream
 cut mid-way ends with an SSE error event in its API's shape, never a hang. A request that
-was at rank 0 when its gang failed is resent alone, and answered with an error if that
-fails the gang again (orchestrator/gateway/quarantine.py).
+was at rank 0 when its gang failed is resent at once or alone by the failure's cause
+(orchestrator/gateway/triage.py), and answered with an error if it fails a gang again
+(orchestrator/gateway/quarantine.py).
 """
 
 from __future__ import annotations

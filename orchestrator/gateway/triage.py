@@ -40,8 +40,8 @@ class Resend:
 
 
 class Suspected(Exception):
-    """A run resent before its first gang's cause was withdrawn: the cause could be the
-    request's doing, so it runs again alone."""
+    """A run sent before the first gang's failure was classified is withdrawn: the cause
+    could be the request's doing, so it runs again alone."""
 
 
 class Triage:
