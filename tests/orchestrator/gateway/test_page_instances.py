@@ -81,14 +81,6 @@ def test_each_instance_has_its_row_state_and_own_charts(url: str) -> None:
         assert page.evaluate("[...document.getElementById('chat-model').options]"
                              ".map((o) => o.value)") == list(NAMES)
 
-        with page.expect_response(lambda r: r.url.endswith("/v1/chat/completions"),
-                                  timeout=60_000) as replied:
-            page.select_option("#chat-model", "beta")
-            page.fill("#prompt", "Hello?")
-            page.click("#chat-form button")
-        assert replied.value.status == 200, replied.value.text()
-        assert json.loads(replied.value.request.post_data or "{}")["model"] == "beta"
-
         page.wait_for_function("samples.length >= 1", timeout=30_000)
         before = page.evaluate("samples.length")
         stop = threading.Event()
@@ -109,6 +101,14 @@ def test_each_instance_has_its_row_state_and_own_charts(url: str) -> None:
         requests = page.locator("#chart-requests figcaption").inner_text()
         assert "alpha running" in requests and "beta waiting" in requests
         assert shows_no_horizontal_scroll(page)
+
+        with page.expect_response(lambda r: r.url.endswith("/v1/chat/completions"),
+                                  timeout=60_000) as replied:
+            page.select_option("#chat-model", "beta")
+            page.fill("#prompt", "Hello?")
+            page.click("#chat-form button")
+        assert replied.value.status == 200, replied.value.text()
+        assert json.loads(replied.value.request.post_data or "{}")["model"] == "beta"
 
         pid = {i["name"]: i for i in gateway_status(url)["instances"]}["beta"]["ranks"][0]["pid"]
         os.kill(pid, signal.SIGKILL)
