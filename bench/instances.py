@@ -2,7 +2,8 @@
 
     /work/coord/bin/heavy .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
                                                    [--tokens 64] [--kills 3]
-                                                   [--failover-only]
+                                                   [--failover-only] [--burst 4]
+                                                   [--kill-after 0.02]
 
 One run, three servers up side by side on the same model (the bundled SmolLM2, float32
 with OpenBLAS as the ranks serve it) on this machine:
@@ -21,14 +22,17 @@ last end. Per level: each server's median, two / one and two / mlx_lm.server (me
 the rounds' ratios). Targets (issue 40): two / one >= 1.6 and two / mlx_lm.server >= 1.2
 at 8 streams.
 
-Failover, on `two` after the rates (`--kills` times, the replica killed alternating): 4
-streamed chats are sent at once (least work puts 2 on each replica), the rank of one
-replica is SIGKILLed the moment they are sent, and 4 more are sent right after the kill
-(the gateway has not seen it yet, so about half go to the dead replica: connection
-refused). Per kill: the time from the kill to the last of the 8 streams' first token
-(every request of the dead replica served by the other), the same figure for a control
-burst without a kill, failed requests, when the gateway's /status showed the replica not
-ready and when it was ready again. Target: served within 2 s of the kill.
+Failover, on `two` after the rates (`--kills` times, the replica killed alternating):
+`--burst` (4) streamed chats are sent at once (least work puts half on each replica), the
+rank of one replica is SIGKILLed `--kill-after` (0.02) s later, and as many more are sent
+right after the kill (the gateway has not seen it yet, so about half go to the dead
+replica: connection refused). With 0.02 s most kills land before the first streams reach
+rank 0 on this loaded box (they leave 0.07-0.4 s after); with 0.5 s they are at rank 0, in
+prefill, and are lost with it. Per kill: the time from the kill to the last of the
+2 x burst streams' first token (every request of the dead replica served by the other),
+the same figure for a control burst without a kill, failed requests, when the gateway's
+/status showed the replica not ready and when it was ready again. Target: served within
+2 s of the kill.
 
 Figures go to bench/results/instances-<timestamp>.json, with the BLAS threads each rank
 reported and the orchestrators' logs. `--failover-only` starts only `two` and measures
@@ -77,7 +81,7 @@ BUNDLED = "bundled:smollm2-135m-instruct"
 MODEL_ID = "smollm2"
 SERVERS = ("one", "two", "mlx_lm.server")
 STORY = "Story {serial:06d}: write a long tale about a lighthouse keeper and a storm."
-FAILOVER_BURST = 4  # streams sent before the kill, and again right after it
+FAILOVER_BURST = 4  # streams sent before the kill, and again right after it (--burst)
 
 
 def write_instances(tmp: Path, name: str, replicas: int) -> tuple[Path, str]:
@@ -187,20 +191,23 @@ class StatusWatch:
 
 
 def burst_pair(
-    url: str, tokens: int, serials: Iterator[int], victim_pid: int | None
+    url: str, tokens: int, serials: Iterator[int], victim_pid: int | None,
+    args: argparse.Namespace,
 ) -> tuple[float, list[StreamTimes]]:
-    """FAILOVER_BURST streams, the kill (if any) the moment they are sent, then as many
-    more; returns (the kill's perf_counter time, or the first send's, and every stream)."""
+    """`--burst` streams, the kill (if any) `--kill-after` s after they start, then as
+    many more; returns (the kill's perf_counter time, or the first send's, and every
+    stream)."""
+    burst = args.burst
     results: list[list[StreamTimes]] = []
 
     def send() -> None:
         bodies = [chat_body(MODEL_ID, STORY.format(serial=next(serials)), tokens)
-                  for _ in range(FAILOVER_BURST)]
+                  for _ in range(burst)]
         results.append(concurrent_streams(url, bodies, timeout_s=120)[0])
 
     first = threading.Thread(target=send)
     first.start()
-    time.sleep(0.02)  # sent, not yet answered: prefill of 4 prompts takes longer
+    time.sleep(args.kill_after)  # sent (or on their way), not yet answered
     t0 = time.perf_counter()
     if victim_pid is not None:
         os.kill(victim_pid, signal.SIGKILL)
@@ -231,11 +238,11 @@ def measure_failover(url: str, orchestrator: Orchestrator, args: argparse.Namesp
     for kill in range(args.kills):
         wait_until(lambda: all_ready(url, 2), 300, "both replicas ready")
         time.sleep(1.0)
-        c0, control = burst_pair(url, args.failover_tokens, serials, None)
+        c0, control = burst_pair(url, args.failover_tokens, serials, None, args)
         name = sorted(instances(url))[kill % 2]
         pid = instances(url)[name]["ranks"][0]["pid"]
         watch = StatusWatch(url, name)
-        t0, times = burst_pair(url, args.failover_tokens, serials, pid)
+        t0, times = burst_pair(url, args.failover_tokens, serials, pid, args)
         wait_until(lambda w=watch: w.back is not None, 300, f"{name} ready again")
         watch.stop()
         run = {
@@ -269,7 +276,9 @@ def failover_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     control = [r["control_served_s"] for r in runs if r["control_served_s"] is not None]
     return {"served_s_median": statistics.median(served) if served else None,
             "served_s_max": max(served) if served else None,
+            "served_s_each": [round(s, 2) for s in served],
             "control_served_s_median": statistics.median(control) if control else None,
+            "control_served_s_each": [round(c, 2) for c in control],
             "failed_requests": sum(len(r["failed"]) for r in runs),
             "kills": len(runs)}
 
@@ -282,9 +291,10 @@ def print_summary(rates: dict[str, Any], failover: dict[str, Any] | None) -> Non
               f"{row['mlx_lm.server_tok_s']:.1f} | {row['two_over_one']:.2f}x | "
               f"{row['two_over_mlx_lm']:.2f}x")
     if failover:
-        print(f"failover: last first token {failover['served_s_median']} s after the kill "
-              f"(median; max {failover['served_s_max']}; control without a kill "
-              f"{failover['control_served_s_median']}), {failover['failed_requests']} "
+        print(f"failover: last first token {failover['served_s_median']:.2f} s after the "
+              f"kill (median; each {failover['served_s_each']}; control without a kill "
+              f"{failover['control_served_s_median']:.2f}, each "
+              f"{failover['control_served_s_each']}), {failover['failed_requests']} "
               f"requests failed over {failover['kills']} kills (target <= 2 s)")
 
 
@@ -295,6 +305,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens per stream")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--failover-tokens", type=int, default=16)
+    parser.add_argument("--burst", type=int, default=FAILOVER_BURST,
+                        help="failover: streams sent before the kill, and again after it")
+    parser.add_argument("--kill-after", type=float, default=0.02,
+                        help="failover: seconds from the first streams' start to the kill "
+                             "(0.5: they are at rank 0, in prefill, on this loaded box)")
     parser.add_argument("--failover-only", action="store_true",
                         help="start only `two` and measure failover (no rates)")
     args = parser.parse_args()
