@@ -2,9 +2,8 @@
 
 A request that has not sent a byte to its client yet is resent to the next gang; a stream
 cut mid-way ends with an SSE error event in its API's shape, never a hang. A request that
-was at rank 0 when its gang failed is resent at once or alone by the failure's cause
-(orchestrator/gateway/triage.py), and answered with an error if it fails a gang again
-(orchestrator/gateway/quarantine.py).
+was at rank 0 when its gang failed is resent alone, and answered with an error if that
+fails the gang again (orchestrator/gateway/quarantine.py).
 """
 
 from __future__ import annotations
@@ -36,9 +35,9 @@ from orchestrator.gateway.quarantine import (
     CAUSE_WAIT_S,
     MAX_RESTARTS_PER_REQUEST,
     IsolationGate,
+    could_be_the_request,
     request_of_death,
 )
-from orchestrator.gateway.triage import Resend, Suspected, Triage
 from orchestrator.gateway.view import ClusterView, Upstream
 from orchestrator.supervision.metrics import GatewayCounters
 from orchestrator.supervision.state import GangState
@@ -142,7 +141,6 @@ class Proxy:
         self.books: Callable[[str], GatewayCounters] = books or (lambda _launch: metrics)
         self.request_timeout_s = request_timeout_s
         self.gate = IsolationGate()
-        self.triage = Triage(view)
         # This proxy's requests at each launch's rank 0, until their answer ends: the
         # work routing weighs replicas by (orchestrator/gateway/routing.py).
         self.in_flight: Counter[str] = Counter() if in_flight is None else in_flight
@@ -157,30 +155,27 @@ class Proxy:
         failed_launch = ""
         losses = 0  # gangs that failed with this request at rank 0
         alone = False  # the last of them could be its doing: run it alone (a suspect)
-        unclassified = ""  # that gang's launch, when resent before its failure's cause
         while True:
             try:
-                return await self._attempt(booking, Resend(alone, unclassified), deadline,
-                                           failed_launch, method, path, query, headers, body)
-            except Suspected:  # withdrawn before its answer began: now its isolated run
-                alone, unclassified = True, ""
+                return await self._attempt(
+                    booking, alone, deadline, failed_launch, method, path, query, headers, body)
             except UpstreamLost as lost:
                 failed_launch = lost.launch_id
                 if lost.in_flight:
                     losses += 1
                     if losses >= MAX_RESTARTS_PER_REQUEST:
-                        raise await self._quarantine(
-                            failed_launch, booking, alone, early=bool(unclassified)) from None
-                    alone, unclassified = await self.triage.after_loss(failed_launch, deadline)
+                        raise await self._quarantine(failed_launch, booking, alone) from None
+                    wait = min(CAUSE_WAIT_S, max(0.0, deadline - time.monotonic()))
+                    alone = could_be_the_request(await self.view.failure_of(failed_launch, wait))
                 booking.counters.requests_retried.inc()
 
     async def _attempt(
-        self, booking: Booking, resend: Resend, deadline: float, not_launch: str,
+        self, booking: Booking, alone: bool, deadline: float, not_launch: str,
         method: str, path: str, query: str, headers: dict[str, str], body: bytes,
     ) -> ProxyResult:
         """One send to the least busy ready rank 0 (other than `not_launch`); UpstreamLost
-        names the launch that lost it, Suspected: withdrawn to run alone."""
-        async with self._gate(isolated=resend.alone, deadline=deadline, booking=booking):
+        names the launch that lost it."""
+        async with self._gate(isolated=alone, deadline=deadline, booking=booking):
             upstream = await self.view.wait_for_upstream(deadline - time.monotonic(), not_launch)
             if upstream is None:
                 booking.counters.requests_failed.labels(reason="unavailable").inc()
@@ -188,9 +183,8 @@ class Proxy:
             booking.counters = self.books(upstream.launch_id)
             self.view.wake_workers()
             try:
-                return await self.triage.unless_suspect(self._counted(
-                    upstream, booking, method, path, query, headers, body, wants_stream(body),
-                ), resend.unclassified)
+                return await self._counted(
+                    upstream, booking, method, path, query, headers, body, wants_stream(body))
             except UpstreamLost as lost:
                 lost.launch_id = upstream.launch_id
                 raise
@@ -212,15 +206,13 @@ class Proxy:
         finally:
             await gate.__aexit__(None, None, None)
 
-    async def _quarantine(
-        self, failed_launch: str, booking: Booking, alone: bool, *, early: bool = False
-    ) -> ApiError:
+    async def _quarantine(self, failed_launch: str, booking: Booking, alone: bool) -> ApiError:
         """The error for a request whose second run failed a gang, naming the failure once
         the supervisor has classified it."""
         booking.counters.requests_quarantined.inc()
         booking.counters.request_of_death_restarts.inc(MAX_RESTARTS_PER_REQUEST)
         failure = await self.view.failure_of(failed_launch, CAUSE_WAIT_S)
-        return request_of_death(failure.summary() if failure else "", alone=alone, early=early)
+        return request_of_death(failure.summary() if failure else "", alone=alone)
 
     async def _counted(
         self, upstream: Upstream, booking: Booking, *args: Any

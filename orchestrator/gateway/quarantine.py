@@ -6,9 +6,7 @@ segfault, an abort), out of memory, a desync, a hang, or a peer lost with nothin
 known. A rank killed from outside (SIGKILL without memory pressure, SIGTERM, ...), a node
 or a link lost, is no request's doing: its requests are resent at once, batched, to the
 next ready gang (another replica, or the relaunch). Unclassified within CAUSE_WAIT_S:
-a suspect. When another replica is ready, a lost request does not wait for the cause: it
-is resent at once and withdrawn to run alone if the cause makes it a suspect before its
-answer begins (orchestrator/gateway/triage.py).
+a suspect.
 
 The gateway resends a suspect only when nothing else is at rank 0, and holds every
 other request back until it is done (suspects first, one at a time, then the rest batched
@@ -52,15 +50,13 @@ def could_be_the_request(failure: RankFailure | None) -> bool:
     return not (failure.cause == Cause.RANK_CRASHED and failure.signal in OUTSIDE_SIGNALS)
 
 
-def request_of_death(cause: str, *, alone: bool = True, early: bool = False) -> ApiError:
+def request_of_death(cause: str, *, alone: bool = True) -> ApiError:
     """The answer to a request whose second run failed the gang: the server's fault as
-    far as the API goes (a 500), but a resend could crash it again, so say so. `early`:
-    its batched second run was sent before the first failure's cause was known."""
+    far as the API goes (a 500), but a resend could crash it again, so say so."""
     detail = f": {cause}" if cause else ""
-    first = ("resent the first time before that failure's cause was known" if early else
-             "the first time stopped from outside")
     how = ("crashed the model server twice, the second time running alone" if alone else
-           f"was at the model server when it failed twice, {first}")
+           "was at the model server when it failed twice, the first time stopped from "
+           "outside")
     return ApiError(500, f"this request {how}, and will not be retried{detail}",
                     code="request_crashed_server")
 
