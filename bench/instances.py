@@ -27,8 +27,9 @@ round to round, so a moment's load on this shared machine weighs on all alike) g
 its rate is generated tokens (the usage each stream reports) / wall time, first send to
 last end. Meanwhile the CPU seconds (user + system, every thread, from psutil) of each
 server's rank processes, and of our gateway, per generated token. Per level: each
-server's median, two / each other server (median of the rounds' ratios). Targets (issue 40): two / one >= 1.6 and two / mlx_lm.server >= 1.2
-at 8 streams.
+server's median, two / each other server (median of the rounds' ratios). Targets (issue
+40) at 8 streams: two / one >= 1.6 and two / mlx_lm.server >= 1.2 (with --pinned judged
+against mlx_lm.server-1core: bench/README.md says why).
 
 Failover, on `two` after the rates (`--kills` times, the replica killed alternating): 4
 streamed chats are sent at once (least work puts 2 on each replica), the rank of one
@@ -39,8 +40,8 @@ refused). Per kill: the time from the kill to the last of the 8 streams' first t
 burst without a kill, failed requests, when the gateway's /status showed the replica not
 ready and when it was ready again. Target: served within 2 s of the kill.
 
-Figures go to bench/results/instances-<pinned|unpinned>-<timestamp>.json, with the BLAS threads each rank
-reported and the orchestrators' logs. `--failover-only` starts only `two` and measures
+Figures go to bench/results/instances-<pinned|unpinned>-<timestamp>.json, with the BLAS
+threads each rank reported and the orchestrators' logs. `--failover-only` starts only `two` and measures
 failover (bench/results/instances-failover-<timestamp>.json), keeping for each kill every
 stream's sent, first and last token times and the orchestrator's log lines of the next
 30 s, each at its arrival, all in seconds from the kill.
