@@ -43,8 +43,8 @@ ready and when it was ready again. Target: served within 2 s of the kill.
 Figures go to bench/results/instances-<pinned|unpinned>-<timestamp>.json, with the BLAS
 threads each rank reported and the orchestrators' logs. `--failover-only` starts only
 `two` and measures failover (bench/results/instances-failover-<timestamp>.json), keeping
-for each kill every stream's sent, first and last token times and the orchestrator's log lines of the next
-30 s, each at its arrival, all in seconds from the kill.
+for each kill every stream's sent, first and last token times and the orchestrator's
+log lines of the next 30 s, each at its arrival, all in seconds from the kill.
 """
 
 from __future__ import annotations
