@@ -3,7 +3,7 @@
     /work/coord/bin/heavy .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
                                                    [--tokens 64] [--kills 3]
                                                    [--failover-only] [--burst 4]
-                                                   [--kill-after 0.02]
+                                                   [--kill-after 0.02] [--pinned]
 
 One run, three servers up side by side on the same model (the bundled SmolLM2, float32
 with OpenBLAS as the ranks serve it) on this machine:
@@ -14,13 +14,23 @@ with OpenBLAS as the ranks serve it) on this machine:
 - `mlx_lm.server`: `python -m mlx_lm.server` on the same model directory, OpenBLAS
   preloaded with as many threads as this process may use cores (bench/serving.py).
 
+`--pinned` emulates one Mac per node on this box: each node's `python` is ours under
+`taskset -c <core>` (node r0 on the first core, r1 on the second), so its agent and its
+rank run on that core alone and size their BLAS threads by it (1 thread); mlx_lm.server
+runs twice, on the first core alone (`mlx_lm.server-1core`: one Mac, all it can use) and
+on the whole box. The gateways (inside each `orchestrator up`) and this load generator
+stay unpinned: they would run on some machine too, here sharing both cores with the ranks.
+Unpinned (the default), every process may use both cores.
+
 Per level (concurrent streams) and round, each server in turn (the order rotating from
 round to round, so a moment's load on this shared machine weighs on all alike) gets
 `level` streamed chats at once (greedy, `--tokens` each, distinct prompts of one length);
 its rate is generated tokens (the usage each stream reports) / wall time, first send to
-last end. Per level: each server's median, two / one and two / mlx_lm.server (median of
-the rounds' ratios). Targets (issue 40): two / one >= 1.6 and two / mlx_lm.server >= 1.2
-at 8 streams.
+last end. Meanwhile the CPU seconds (user + system, every thread, from psutil) of each
+server's rank processes, and of our gateway, per generated token. Per level: each
+server's median, two / each other server (median of the rounds' ratios). Targets (issue
+40) at 8 streams: two / one >= 1.6 and two / mlx_lm.server >= 1.2 (with --pinned judged
+against mlx_lm.server-1core: bench/README.md says why).
 
 Failover, on `two` after the rates (`--kills` times, the replica killed alternating):
 `--burst` (4) streamed chats are sent at once (least work puts half on each replica), the
@@ -34,11 +44,11 @@ the same figure for a control burst without a kill, failed requests, when the ga
 /status showed the replica not ready and when it was ready again. Target: served within
 2 s of the kill.
 
-Figures go to bench/results/instances-<timestamp>.json, with the BLAS threads each rank
-reported and the orchestrators' logs. `--failover-only` starts only `two` and measures
-failover (bench/results/instances-failover-<timestamp>.json), keeping for each kill every
-stream's sent, first and last token times and the orchestrator's log lines of the next
-30 s, each at its arrival, all in seconds from the kill.
+Figures go to bench/results/instances-<pinned|unpinned>-<timestamp>.json, with the BLAS
+threads each rank reported and the orchestrators' logs. `--failover-only` starts only
+`two` and measures failover (bench/results/instances-failover-<timestamp>.json), keeping
+for each kill every stream's sent, first and last token times and the orchestrator's
+log lines of the next 30 s, each at its arrival, all in seconds from the kill.
 """
 
 from __future__ import annotations
@@ -58,11 +68,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import tomli_w
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.instance_rates import STORY, Server, measure_rates, rate_summary  # noqa: E402
 from bench.serving import mlx_lm_server  # noqa: E402
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
@@ -79,17 +91,28 @@ from testkit.waiting import wait_until  # noqa: E402
 
 BUNDLED = "bundled:smollm2-135m-instruct"
 MODEL_ID = "smollm2"
-SERVERS = ("one", "two", "mlx_lm.server")
-STORY = "Story {serial:06d}: write a long tale about a lighthouse keeper and a storm."
+MLX_PINNED = "mlx_lm.server-1core"  # --pinned: mlx_lm.server on one core (one Mac's share)
 FAILOVER_BURST = 4  # streams sent before the kill, and again right after it (--burst)
 
 
-def write_instances(tmp: Path, name: str, replicas: int) -> tuple[Path, str]:
-    """`replicas` one-rank instances of the bundled model on local nodes r0..; returns
-    (cluster.toml, the gateway's URL)."""
+def pinned_python(tmp: Path, core: int) -> str:
+    """A node's `python`: ours under `taskset -c core`, so the node's agent and every rank
+    it starts run on that core alone (and size their BLAS threads by it: serving/blas.py)."""
+    wrapper = tmp / f"python-core{core}"
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {core} "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def write_instances(tmp: Path, name: str, replicas: int, cores: list[int] | None = None,
+                    ) -> tuple[Path, str]:
+    """`replicas` one-rank instances of the bundled model on local nodes r0.. (node i on
+    `cores[i]` alone when given); returns (cluster.toml, the gateway's URL)."""
     tmp.mkdir(parents=True)
-    nodes = [{"name": f"r{i}", "transport": "local", "ip": "127.0.0.1"}
-             for i in range(replicas)]
+    nodes: list[dict[str, Any]] = [{"name": f"r{i}", "transport": "local", "ip": "127.0.0.1"}
+                                   for i in range(replicas)]
+    for node, core in zip(nodes, cores or [], strict=False):
+        node["python"] = pinned_python(tmp, core)
     config = write_cluster(
         tmp, BUNDLED, nodes,
         cluster={"name": name, "rank_port": free_port_block(replicas)},
@@ -114,54 +137,12 @@ def all_ready(url: str, count: int) -> bool:
 
 
 @contextlib.contextmanager
-def ours(tmp: Path, name: str, replicas: int) -> Iterator[tuple[str, Orchestrator]]:
-    config, url = write_instances(tmp / name, name, replicas)
+def ours(tmp: Path, name: str, replicas: int, cores: list[int] | None = None,
+         ) -> Iterator[tuple[str, Orchestrator]]:
+    config, url = write_instances(tmp / name, name, replicas, cores)
     with running(config, url=url) as orchestrator:
         wait_until(lambda: all_ready(url, replicas), 600, f"{name}: every instance ready")
         yield url, orchestrator
-
-
-def rate(url: str, model: str, level: int, tokens: int, serials: Iterator[int]) -> float:
-    """Generated tokens per second of `level` concurrent streams, first send to last end."""
-    bodies = [chat_body(model, STORY.format(serial=next(serials)), tokens, usage=True)
-              for _ in range(level)]
-    times, wall = concurrent_streams(url, bodies, timeout_s=600)
-    if failed := [t.error for t in times if t.error]:
-        raise RuntimeError(f"{len(failed)} of {level} streams to {url} failed: {failed[0]}")
-    return sum(t.tokens for t in times) / wall
-
-
-def measure_rates(
-    servers: dict[str, tuple[str, str]], args: argparse.Namespace
-) -> dict[int, dict[str, list[float]]]:
-    """{level: {server: tokens/s per round}}, the servers' order rotating per round."""
-    serials = iter(range(10**6))
-    for url, model in servers.values():  # warm-up: compile, allocate, connect
-        rate(url, model, 2, 8, serials)
-    rates: dict[int, dict[str, list[float]]] = {}
-    turn = 0
-    for level in args.levels:
-        rates[level] = {name: [] for name in servers}
-        for round_ in range(args.rounds):
-            turn += 1
-            order = list(servers)[turn % 3:] + list(servers)[:turn % 3]
-            for name in order:
-                url, model = servers[name]
-                rates[level][name].append(rate(url, model, level, args.tokens, serials))
-            print(f"  {level} streams, round {round_}: " + ", ".join(
-                f"{n} {rates[level][n][-1]:.1f}" for n in servers) + " tok/s", flush=True)
-    return rates
-
-
-def ratio(rates: dict[str, list[float]], a: str, b: str) -> float:
-    return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
-
-
-def rate_summary(rates: dict[int, dict[str, list[float]]]) -> dict[str, Any]:
-    return {str(level): {**{f"{n}_tok_s": statistics.median(r) for n, r in by.items()},
-                         "two_over_one": ratio(by, "two", "one"),
-                         "two_over_mlx_lm": ratio(by, "two", "mlx_lm.server")}
-            for level, by in rates.items()}
 
 
 class StatusWatch:
@@ -284,12 +265,17 @@ def failover_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def print_summary(rates: dict[str, Any], failover: dict[str, Any] | None) -> None:
-    print("\nstreams | one | two | mlx_lm.server (tok/s) | two/one | two/mlx_lm "
-          "(targets at 8: >= 1.6, >= 1.2)")
     for level, row in rates.items():
-        print(f"{level} | {row['one_tok_s']:.1f} | {row['two_tok_s']:.1f} | "
-              f"{row['mlx_lm.server_tok_s']:.1f} | {row['two_over_one']:.2f}x | "
-              f"{row['two_over_mlx_lm']:.2f}x")
+        names = list(row["cpu_s_per_token"])
+        print(f"\n{level} streams: " + ", ".join(
+            f"{n} {row[f'{n}_tok_s']:.1f} tok/s" for n in names))
+        print("  two / " + ", two / ".join(
+            f"{n} {row[f'two_over_{n}']:.2f}x" for n in names if n != "two"))
+        print("  CPU s per token: " + "; ".join(
+            f"{n} " + " ".join(f"{role} {s:.4f}" for role, s in by.items())
+            for n, by in row["cpu_s_per_token"].items()))
+    if rates:
+        print("targets at 8 streams: two / one >= 1.6, two / mlx_lm.server >= 1.2")
     if failover:
         print(f"failover: last first token {failover['served_s_median']:.2f} s after the "
               f"kill (median; each {failover['served_s_each']}; control without a kill "
@@ -298,7 +284,7 @@ def print_summary(rates: dict[str, Any], failover: dict[str, Any] | None) -> Non
               f"requests failed over {failover['kills']} kills (target <= 2 s)")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--rounds", type=int, default=3)
@@ -312,34 +298,72 @@ def main() -> None:
                              "(0.5: they are at rank 0, in prefill, on this loaded box)")
     parser.add_argument("--failover-only", action="store_true",
                         help="start only `two` and measure failover (no rates)")
-    args = parser.parse_args()
+    parser.add_argument("--pinned", action="store_true",
+                        help="each node on a core of its own (taskset), and mlx_lm.server "
+                             "both on one core and on the whole box")
+    return parser.parse_args()
+
+
+def rank_pids(url: str) -> list[int]:
+    return [rank["pid"] for i in instances(url).values() for rank in i["ranks"]]
+
+
+def mlx_pid(url: str) -> int:
+    """The mlx_lm.server child of this process that listens on `url`'s port."""
+    port = url.rsplit(":", 1)[1]
+    return next(p.pid for p in psutil.Process().children(recursive=True)
+                if "mlx_lm.server" in p.cmdline() and port in p.cmdline())
+
+
+def start_servers(stack: contextlib.ExitStack, tmp: Path, model_dir: Path, pinned: bool,
+                  ) -> tuple[dict[str, Server], dict[str, Orchestrator]]:
+    """`one`, `two` and mlx_lm.server (with --pinned: node i on core i, and mlx_lm.server
+    also on core 0 alone), up side by side; the gateways and this load generator stay
+    unpinned."""
+    cores = sorted(os.sched_getaffinity(0))[:2] if pinned else None
+    one_url, one = stack.enter_context(ours(tmp, "inst-one", 1, cores))
+    two_url, two = stack.enter_context(ours(tmp, "inst-two", 2, cores))
+    servers = {
+        "one": Server(one_url, MODEL_ID, {"rank": rank_pids(one_url),
+                                          "gateway": [one.process.pid]}),
+        "two": Server(two_url, MODEL_ID, {"rank": rank_pids(two_url),
+                                          "gateway": [two.process.pid]}),
+    }
+    mlx_url = stack.enter_context(mlx_lm_server(model_dir, 1, tmp / "mlx"))
+    servers["mlx_lm.server"] = Server(mlx_url, str(model_dir), {"rank": [mlx_pid(mlx_url)]})
+    if cores:
+        url = stack.enter_context(mlx_lm_server(model_dir, 1, tmp / "mlx-1", cores[:1]))
+        servers[MLX_PINNED] = Server(url, str(model_dir), {"rank": [mlx_pid(url)]})
+    return servers, {"one": one, "two": two}
+
+
+def main() -> None:
+    args = parse_args()
     if args.failover_only:
         failover_only(args)
         return
     model_dir = resolve(RankSettings(model=ModelSettings(path=BUNDLED)),
                         float32=find_openblas() is not None)  # as the ranks serve it
-    logs: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="instances-bench-") as tmp, \
             contextlib.ExitStack() as stack:
-        one_url, one = stack.enter_context(ours(Path(tmp), "inst-one", 1))
-        two_url, two = stack.enter_context(ours(Path(tmp), "inst-two", 2))
-        mlx_url = stack.enter_context(mlx_lm_server(model_dir, 1, Path(tmp) / "mlx"))
-        servers = {"one": (one_url, MODEL_ID), "two": (two_url, MODEL_ID),
-                   "mlx_lm.server": (mlx_url, str(model_dir))}
-        rates = rate_summary(raw := measure_rates(servers, args))
-        runs = measure_failover(two_url, two, args) if args.kills else []
-        logs = {"one": one.output, "two": two.output}
-        blas = {"one": blas_threads(one), "two": blas_threads(two)}
+        servers, orchestrators = start_servers(stack, Path(tmp), model_dir, args.pinned)
+        raw, cpu = measure_rates(servers, args)
+        rates = rate_summary(raw, cpu)
+        two = orchestrators["two"]
+        runs = measure_failover(servers["two"].url, two, args) if args.kills else []
+        logs = {name: o.output for name, o in orchestrators.items()}
+        blas = {name: blas_threads(o) for name, o in orchestrators.items()}
     failover = failover_summary(runs) if runs else None
     print_summary(rates, failover)
-    out = REPO / "bench" / "results" / f"instances-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    mode = "pinned" if args.pinned else "unpinned"
+    out = REPO / "bench" / "results" / f"instances-{mode}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"model_dir": str(model_dir), "blas": find_openblas(), "cpu_count": os.cpu_count(),
-            "mlx_lm_openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-            **vars(args)}
+            "mode": mode, "load_average": os.getloadavg(), **vars(args)}
     out.write_text(json.dumps({"meta": meta, "rates": rates, "raw_rates": raw,
-                               "failover": failover, "failover_runs": runs,
-                               "blas_lines": blas, "logs": logs}, indent=2))
+                               "raw_cpu_s_per_token": cpu, "failover": failover,
+                               "failover_runs": runs, "blas_lines": blas, "logs": logs},
+                              indent=2))
     print(f"\nwrote {out}")
 
 

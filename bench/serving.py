@@ -113,14 +113,22 @@ def profile_ours(model_dir: Path, ranks: int, args: argparse.Namespace, fig: Fig
 
 
 @contextlib.contextmanager
-def mlx_lm_server(model_dir: Path, ranks: int, workdir: Path) -> Iterator[str]:
-    """mlx_lm.server's ranks started directly; yields rank 0's base URL."""
+def mlx_lm_server(
+    model_dir: Path, ranks: int, workdir: Path, cpus: list[int] | None = None
+) -> Iterator[str]:
+    """mlx_lm.server's ranks started directly; yields rank 0's base URL. `cpus`: run them
+    on these cores only (taskset), with one OpenBLAS thread per core (bench/instances.py
+    --pinned: one Mac's share of this box)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_ports(1)[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
+    cores = len(cpus) if cpus else len(os.sched_getaffinity(0))
+    prefix = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     if blas := find_openblas():  # the BLAS our ranks load, for a like-for-like comparison
         env["LD_PRELOAD"] = blas
-        env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
+        threads = str(max(1, cores // ranks))
+        env["OPENBLAS_NUM_THREADS"] = threads if cpus else env.get(
+            "OPENBLAS_NUM_THREADS", threads)
     if ranks > 1:
         hostfile = workdir / "hostfile.json"
         hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(ranks)]))
@@ -131,7 +139,7 @@ def mlx_lm_server(model_dir: Path, ranks: int, workdir: Path) -> Iterator[str]:
             rank_env = dict(env, MLX_RANK=str(rank)) if ranks > 1 else env
             with (workdir / f"rank{rank}.log").open("wb") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
+                    [*prefix, sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
                      "--port", str(port), "--max-tokens", "4096"],
                     env=rank_env, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True,
