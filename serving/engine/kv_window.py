@@ -54,15 +54,15 @@ def windowed_attention(queries: mx.array, q_keys: Windowed, q_values: Windowed,
     repeats = q_heads // kv_heads
     rows = repeats * length
     queries = mx.reshape(queries * scale, (batch, kv_heads, rows, dim))
-    history = mx.quantized_matmul(queries, *q_keys[:3], transpose=True,
+    history = mx.quantized_matmul(queries, q_keys[0], q_keys[1], q_keys[2], transpose=True,
                                   group_size=group_size, bits=bits)
     scores = mx.concatenate([history, queries @ mx.swapaxes(q_keys.exact, -1, -2)], axis=-1)
     if mask is not None:
         scores = _masked(scores, _as_rows(mask, length, repeats, scores.shape[-1]))
     scores = mx.softmax(scores, axis=-1, precise=True)
     split = history.shape[-1]
-    out = mx.quantized_matmul(scores[..., :split], *q_values[:3], transpose=False,
-                              group_size=group_size, bits=bits)
+    out = mx.quantized_matmul(scores[..., :split], q_values[0], q_values[1], q_values[2],
+                              transpose=False, group_size=group_size, bits=bits)
     out = out + scores[..., split:] @ q_values.exact
     return mx.reshape(out, (batch, q_heads, length, dim))
 
