@@ -20,6 +20,10 @@ short keeps what it measured).
 
     /work/coord/bin/heavy .venv/bin/python bench/kv_cache.py [--ranks 1 2] [--long-tokens 7900]
         [--short-tokens 64] [--short-repeats 2] [--long-decode 48] [--budget-gb 1]
+        [--bits none 8 4] [--skip-memory | --memory-only] [--prefill-step 512]
+
+The memory phase also polls rank 0's /metrics (kv_memory_poll.py): the KV bytes admission
+holds per rank and MLX's active and peak memory, their maxima and samples in the JSON.
 """
 
 from __future__ import annotations
