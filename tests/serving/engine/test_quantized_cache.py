@@ -261,3 +261,19 @@ def test_windowed_attention_of_several_queries_matches_float_attention(mask_kind
     got = windowed_attention(q, keys, values, DIM**-0.5, mask, 64, 4)
     want = mx.fast.scaled_dot_product_attention(q, *plain, scale=DIM**-0.5, mask=mask)
     assert mx.allclose(got, want, atol=1e-4).item()
+
+
+def test_a_decode_step_after_a_trim_into_the_quantized_part_reads_only_live_columns() -> None:
+    """After trim takes back quantized positions, the next decode step's attention reads
+    the quantized columns still live, not the wider array they were cut from."""
+    pair = _sequences([30, 2], 8, seed=22)
+    pair.trim(20)  # into the quantized part: it is now narrower than its arrays
+    queries = mx.random.normal((2, 2 * HEADS, 1, DIM)).astype(mx.float16)
+    mask = pair.quant.make_mask(1)
+    keys, values = pair.quant.update_and_fetch(*_kv(2, 1, seed=23))
+    assert keys[0].shape[2] + keys.exact.shape[2] == pair.quant.size()
+    got = base.scaled_dot_product_attention(
+        queries, keys, values, cache=pair.quant, scale=DIM**-0.5, mask=mask)
+    want = mx.fast.scaled_dot_product_attention(
+        queries, *pair.quant.dequantized(), scale=DIM**-0.5, mask=mask)
+    assert mx.allclose(got, want, atol=4e-3).item()
