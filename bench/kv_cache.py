@@ -20,6 +20,10 @@ short keeps what it measured).
 
     /work/coord/bin/heavy .venv/bin/python bench/kv_cache.py [--ranks 1 2] [--long-tokens 7900]
         [--short-tokens 64] [--short-repeats 2] [--long-decode 48] [--budget-gb 1]
+        [--bits none 8 4] [--skip-memory | --memory-only] [--prefill-step 512]
+
+The memory phase also polls rank 0's /metrics (kv_memory_poll.py): the KV bytes admission
+holds per rank and MLX's active and peak memory, their maxima and samples in the JSON.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from testkit.rank_cluster import RankCluster, rank_cluster  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 from kv_fit import fitting  # noqa: E402
+from kv_memory_poll import ACTIVE, PEAK, Poller, read  # noqa: E402
 
 GPL = Path("/usr/share/common-licenses/GPL-3")
 CONTEXT = 8192  # SmolLM2's
@@ -84,26 +89,21 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
     # An ~8,000-token prompt read on a shared 2-core machine outlasts the default
     # request_timeout_s (600 s): a run on 2026-11-28 timed out there.
     serving: dict[str, Any] = {"max_batch_size": 8, "prompt_cache_size": 0,
-                               "max_tokens_limit": 8192, "request_timeout_s": 3600.0}
+                               "max_tokens_limit": 8192, "request_timeout_s": 3600.0,
+                               "prefill_step_size": args.prefill_step}
     if bits:
         serving["kv_bits"] = bits
     split = [15, 15] if ranks == 2 else None
-    row: dict[str, Any] = {"ranks": ranks, "kv_bits": bits}
-    with rank_cluster(work / f"{ranks}r-{bits or 16}", model_dir, ranks, served_model_id="m",
+    row: dict[str, Any] = {"ranks": ranks, "kv_bits": bits, "prefill_step": args.prefill_step}
+    with rank_cluster(work / f"{ranks}r-{bits or 16}-{args.prefill_step}", model_dir, ranks,
+                      served_model_id="m",
                       pipeline_split=split, **serving) as cluster:
         url = cluster.base_url
         if args.skip_memory:
             return _long_prompt(url, row, prompts, args)
-        loaded = peak_rss(cluster)
-        bodies = [chat_body("m", p + "\nSummarize this.", 16) for p in prompts["eight"]]
-        streams, wall = concurrent_streams(url, bodies)
-        if any(s.error for s in streams):
-            raise RuntimeError([s.error for s in streams if s.error])
-        after = peak_rss(cluster)
-        row.update(peak_rss_loaded=loaded, peak_rss_under_load=after,
-                   peak_rss_growth=[b - a for a, b in zip(loaded, after, strict=True)],
-                   eight_prompts_wall_s=round(wall, 2))
-        progress(f"{ranks}r kv_bits {bits}: 8 prompts in {wall:.0f} s")
+        _eight_prompts(cluster, row, prompts)
+        if args.memory_only:
+            return row
         with httpx.Client(timeout=3600) as client:
             short = [concurrent_streams(url, [chat_body("m", prompts["short"],
                                                         args.short_tokens)],
@@ -113,6 +113,36 @@ def run_one(model_dir: Path, ranks: int, bits: int | None, prompts: dict[str, An
             progress(f"{ranks}r kv_bits {bits}: short decode {row['decode_tps_short']:.1f}")
             _long_prompt(url, row, prompts, args, client)
     return row
+
+
+def _eight_prompts(cluster: RankCluster, row: dict[str, Any], prompts: dict[str, Any]) -> None:
+    """The memory phase: 8 concurrent ~1,500-token prompts; peak RSS before and after, and
+    /metrics polled meanwhile (kv_memory_poll.py): admission's KV bytes per rank at their
+    peak, rank 0's MLX active memory at its peak and MLX's peak (prefill included)."""
+    url = cluster.base_url
+    loaded = peak_rss(cluster)
+    with httpx.Client(timeout=30) as client:
+        idle = read(url, client)
+    bodies = [chat_body("m", p + "\nSummarize this.", 16) for p in prompts["eight"]]
+    with Poller(url) as poll:
+        streams, wall = concurrent_streams(url, bodies)
+    if any(s.error for s in streams):
+        raise RuntimeError([s.error for s in streams if s.error])
+    with httpx.Client(timeout=30) as client:
+        done = read(url, client)
+    after = peak_rss(cluster)
+    row.update(peak_rss_loaded=loaded, peak_rss_under_load=after,
+               peak_rss_growth=[b - a for a, b in zip(loaded, after, strict=True)],
+               eight_prompts_wall_s=round(wall, 2),
+               kv_bytes_max={k: v for k, v in poll.maxima.items() if k.startswith("serving_kv")},
+               mlx_active_loaded=idle.get(ACTIVE), mlx_peak_loaded=idle.get(PEAK),
+               mlx_active_max=poll.maxima.get(ACTIVE), mlx_peak_after=done.get(PEAK),
+               mlx_samples=poll.samples)
+    mib = {k: round((v or 0) / 2**20) for k, v in row.items() if k.startswith("mlx_")
+           and not k.endswith("samples")}
+    kv = [round(v / 2**20) for v in row["kv_bytes_max"].values()]
+    progress(f"{row['ranks']}r kv_bits {row['kv_bits']} prefill_step {row['prefill_step']}: "
+             f"8 prompts in {wall:.0f} s; KV bytes max {kv} MiB; MLX (MiB) {mib}")
 
 
 def _long_prompt(url: str, row: dict[str, Any], prompts: dict[str, Any],
@@ -164,6 +194,10 @@ def _arguments() -> argparse.Namespace:
                         help="kv_bits configurations (none: unquantized)")
     parser.add_argument("--skip-memory", action="store_true",
                         help="only the long prompt (prefill and decode at its context)")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="only the 8 concurrent prompts (memory, /metrics polled)")
+    parser.add_argument("--prefill-step", type=int, default=512,
+                        help="[serving] prefill_step_size (tokens per prefill chunk)")
     return parser.parse_args()
 
 
@@ -188,6 +222,8 @@ def main() -> None:
         for b in [None if x == "none" else int(x) for x in args.bits]:
             rows.append(run_one(model_dir, r, b, prompts, work, args))
             out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if args.memory_only:
+        return
     if args.skip_memory:
         _long_ratios(rows)
         out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

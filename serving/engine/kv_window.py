@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_map
 from mlx_lm.models import base
 
 Triple = tuple[mx.array, mx.array, mx.array]  # mx.quantize's (packed, scales, biases)
@@ -41,40 +40,52 @@ class Windowed(tuple):
 def windowed_attention(queries: mx.array, q_keys: Windowed, q_values: Windowed,
                        scale: float, mask: Any, group_size: int, bits: int) -> mx.array:
     """Attention over [quantized history ; exact window], one softmax over both (the mask
-    spans both parts' columns, in order)."""
+    spans both parts' columns, in order).
+
+    The query heads sharing a kv head are rows of one matrix, (batch, kv_heads, repeats x
+    length, dim), against that kv head's history as it is stored. mlx-lm's own quantized
+    attention adds a broadcast axis to the history instead, and quantized_matmul then
+    broadcasts it to the queries' batch shape and copies it contiguous (mlx ops.cpp,
+    broadcast_arrays; the CPU kernel's ensure_row_contiguous): `repeats` copies of the
+    packed history per layer per step, 25-30% of the decode step's attention at 8,000
+    tokens on CPU (bench/README.md, kv_cache.py)."""
     batch, q_heads, length, dim = queries.shape
     kv_heads = q_keys[0].shape[-3]
     repeats = q_heads // kv_heads
-    queries = queries * scale
-    keys_q: Triple = (q_keys[0], q_keys[1], q_keys[2])
-    values_q: Triple = (q_values[0], q_values[1], q_values[2])
-    keys_e, values_e = q_keys.exact, q_values.exact
-    if repeats > 1:  # grouped queries: one kv head serves `repeats` query heads
-        queries = mx.reshape(queries, (batch, kv_heads, repeats, length, dim))
-        keys_q = tree_map(lambda x: mx.expand_dims(x, axis=-3), keys_q)
-        values_q = tree_map(lambda x: mx.expand_dims(x, axis=-3), values_q)
-        keys_e, values_e = mx.expand_dims(keys_e, -3), mx.expand_dims(values_e, -3)
-    history = mx.quantized_matmul(queries, keys_q[0], keys_q[1], keys_q[2], transpose=True,
+    rows = repeats * length
+    queries = mx.reshape(queries * scale, (batch, kv_heads, rows, dim))
+    history = mx.quantized_matmul(queries, q_keys[0], q_keys[1], q_keys[2], transpose=True,
                                   group_size=group_size, bits=bits)
-    scores = mx.concatenate([history, queries @ mx.swapaxes(keys_e, -1, -2)], axis=-1)
+    scores = mx.concatenate([history, queries @ mx.swapaxes(q_keys.exact, -1, -2)], axis=-1)
     if mask is not None:
-        if isinstance(mask, str):  # "causal": the last `length` columns are the queries'
-            total = scores.shape[-1]
-            mask = mx.arange(total - length, total)[:, None] >= mx.arange(total)[None]
-        if repeats > 1 and mask.ndim > 3:
-            mask = mx.expand_dims(mask, -3)
-        if mask.dtype == mx.bool_:
-            scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
-        else:
-            scores = scores + mask
+        scores = _masked(scores, _as_rows(mask, length, repeats, scores.shape[-1]))
     scores = mx.softmax(scores, axis=-1, precise=True)
     split = history.shape[-1]
-    out = mx.quantized_matmul(scores[..., :split], values_q[0], values_q[1], values_q[2],
+    out = mx.quantized_matmul(scores[..., :split], q_values[0], q_values[1], q_values[2],
                               transpose=False, group_size=group_size, bits=bits)
-    out = out + scores[..., split:] @ values_e
-    if repeats > 1:
-        out = mx.reshape(out, (batch, q_heads, length, dim))
-    return out
+    out = out + scores[..., split:] @ q_values.exact
+    return mx.reshape(out, (batch, q_heads, length, dim))
+
+
+def _as_rows(mask: Any, length: int, repeats: int, total: int) -> mx.array:
+    """A mask over (batch, 1 or q_heads, length, total) as the rows layout's: row r x
+    length + i is query i of the r-th head sharing a kv head."""
+    if isinstance(mask, str):  # "causal": the last `length` columns are the queries'
+        mask = mx.arange(total - length, total)[:, None] >= mx.arange(total)[None]
+    if mask.ndim < 4:
+        mask = mx.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
+    if repeats == 1 or (mask.shape[-2] == 1 and mask.shape[1] == 1):
+        return mask  # one row (a decode step's) broadcasts over the heads sharing a kv head
+    if mask.shape[1] == 1:
+        return mx.tile(mask, (1, 1, repeats, 1))
+    b, heads = mask.shape[:2]
+    return mx.reshape(mask, (b, heads // repeats, repeats * length, total))
+
+
+def _masked(scores: mx.array, mask: mx.array) -> mx.array:
+    if mask.dtype == mx.bool_:
+        return mx.where(mask, scores, mx.finfo(scores.dtype).min)
+    return scores + mask
 
 
 _ORIGINAL = base.quantized_scaled_dot_product_attention
@@ -97,6 +108,12 @@ def install() -> None:
 def cols(triple: Triple, start: int, end: int | None = None) -> Triple:
     a, b, c = triple
     return a[..., start:end, :], b[..., start:end, :], c[..., start:end, :]
+
+
+def upto(triple: Triple, end: int) -> Triple:
+    """The first `end` columns: the arrays themselves when they hold no more (a slice
+    would be a strided view, which quantized_matmul copies)."""
+    return triple if triple[0].shape[2] == end else cols(triple, 0, end)
 
 
 def cat(parts: list[Triple]) -> Triple:

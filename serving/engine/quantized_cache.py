@@ -57,14 +57,12 @@ def _rows(x: Any, index: Any) -> Any:
 
 class QuantizedBatchKVCache(_BaseCache):
     """The batch's KV: rows left-padded to a common length `_idx`; columns [0, _q)
-    quantized (`keys`/`values`, buffers grown in steps of `step`), [_q, _idx) exact
+    quantized (`keys`/`values`, as wide as their columns after a flush), [_q, _idx) exact
     (`exact_keys`/`exact_values`, buffers of window + KV_WINDOW_BLOCK columns).
 
     The same contract as mlx-lm's BatchKVCache (prepare/finalize for right-padded
     prefill chunks, filter/extend as sequences leave and join, extract into the prefix
     cache, trim for speculation)."""
-
-    step = 256
 
     def __init__(self, left_padding: list[int], group_size: int = 64, bits: int = 8,
                  window: int = 0) -> None:
@@ -111,10 +109,11 @@ class QuantizedBatchKVCache(_BaseCache):
         if self._exact:
             return self.exact_keys[..., :e, :], self.exact_values[..., :e, :]
         assert self.keys is not None and self.values is not None
+        keys_q, values_q = kw.upto(self.keys, q), kw.upto(self.values, q)
         if e == 0:
-            return kw.cols(self.keys, 0, q), kw.cols(self.values, 0, q)
-        return (Windowed(kw.cols(self.keys, 0, q), self.exact_keys[..., :e, :]),
-                Windowed(kw.cols(self.values, 0, q), self.exact_values[..., :e, :]))
+            return keys_q, values_q
+        return (Windowed(keys_q, self.exact_keys[..., :e, :]),
+                Windowed(values_q, self.exact_values[..., :e, :]))
 
     def dequantized(self) -> tuple[mx.array, mx.array]:
         """Every column's keys and values in full precision (a chunk's attention)."""
@@ -155,37 +154,23 @@ class QuantizedBatchKVCache(_BaseCache):
             self._to_quantized(e - keep)
 
     def _to_quantized(self, n: int) -> None:
-        """Move the n oldest exact columns to the quantized part."""
+        """Move the n oldest exact columns to the quantized part. The quantized part is
+        exactly as wide as its columns (one concatenation per block of KV_WINDOW_BLOCK
+        steps), never a slice of a wider buffer: quantized_matmul's CPU kernel copies a
+        non-contiguous slice of the whole history on every step and layer."""
         assert self.exact_keys is not None and self.exact_values is not None
         q, e = self._q, self._idx - self._q
-        if self.keys is None or q + n > self.keys[0].shape[2]:
-            self._grow(q + n)
-        assert self.keys is not None and self.values is not None
+        quantized = []
         for stored, exact in ((self.keys, self.exact_keys), (self.values, self.exact_values)):
             fresh = kw.quantize(exact[..., :n, :], self.group_size, self._bits)
-            for part, new in zip(stored, fresh, strict=True):
-                part[..., q : q + n, :] = new
+            quantized.append(kw.cat([kw.cols(stored, 0, q), fresh])
+                             if stored is not None and q else fresh)
+        self.keys, self.values = quantized
         room = self.window + window_block(self.window)
         self.exact_keys = kw.room(self.exact_keys[..., n:e, :], e - n, room, self.exact_keys)
         self.exact_values = kw.room(self.exact_values[..., n:e, :], e - n, room,
                                   self.exact_values)
         self._q += n
-
-    def _grow(self, needed: int) -> None:
-        """Room for `needed` quantized columns, in whole blocks of `step` (like KVCache)."""
-        assert self.exact_keys is not None and self.exact_values is not None
-        length = (needed + self.step - 1) // self.step * self.step
-        q = self._q
-        grown = []
-        for stored, exact in ((self.keys, self.exact_keys), (self.values, self.exact_values)):
-            rows, heads, _, dim = exact.shape
-            blank = kw.blank_triple(rows, heads, length, dim, exact.dtype,
-                                    self.group_size, self._bits)
-            if stored is not None and q:
-                for part, old in zip(blank, kw.cols(stored, 0, q), strict=True):
-                    part[..., :q, :] = old
-            grown.append(blank)
-        self.keys, self.values = grown
 
     def depend_on(self, x: mx.array) -> None:
         """Make the cache's state depend on x (a pipeline stage's send, which nothing

@@ -15,8 +15,10 @@ from typing import Any
 import mlx.core as mx
 import pytest
 from mlx_lm.models import base
+from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from serving.engine.kv_window import Windowed, windowed_attention
 from serving.engine.quantized_cache import QuantizedBatchKVCache, SequenceKVCache
 
 HEADS, DIM = 2, 64
@@ -234,3 +236,44 @@ def test_a_chunk_attends_exactly_a_decode_step_through_the_quantized_part() -> N
     windowed = _sequences([4], 8, seed=16)
     packed, _ = windowed.quant.update_and_fetch(*_kv(1, 1, seed=18))
     assert not hasattr(windowed.quant, "bits") and packed.dtype == mx.float16  # all exact
+
+
+@pytest.mark.parametrize("mask_kind", ["padded", "per_head", "causal"])
+def test_windowed_attention_of_several_queries_matches_float_attention(mask_kind: str) -> None:
+    """Several positions at once (grouped heads as rows) attend as float attention over
+    the dequantized history and the window does, whatever shape the mask has."""
+    rows, length, quantized, exact, repeats = 2, 3, 128, 8, 3
+    mx.random.seed(19)
+    q = mx.random.normal((rows, HEADS * repeats, length, DIM))
+    k, v = (mx.random.normal((rows, HEADS, quantized + exact, DIM)) for _ in range(2))
+    packed = [mx.quantize(x[..., :quantized, :], group_size=64, bits=4) for x in (k, v)]
+    keys, values = (Windowed(p, x[..., quantized:, :]) for p, x in zip(packed, (k, v),
+                                                                        strict=True))
+    plain = [mx.concatenate([mx.dequantize(*p, group_size=64, bits=4), x[..., quantized:, :]],
+                            axis=2) for p, x in zip(packed, (k, v), strict=True)]
+    total = quantized + exact
+    causal = mx.arange(total - length, total)[:, None] >= mx.arange(total)[None]
+    padded = create_causal_mask(length, total - length, left_padding=mx.array([0, 5]))
+    mask: Any = {"padded": padded,
+                 "per_head": mx.broadcast_to(causal, (rows, HEADS * repeats, length, total))
+                 & (mx.random.uniform(shape=(rows, HEADS * repeats, 1, total)) > 0.3),
+                 "causal": "causal"}[mask_kind]
+    got = windowed_attention(q, keys, values, DIM**-0.5, mask, 64, 4)
+    want = mx.fast.scaled_dot_product_attention(q, *plain, scale=DIM**-0.5, mask=mask)
+    assert mx.allclose(got, want, atol=1e-4).item()
+
+
+def test_a_decode_step_after_a_trim_into_the_quantized_part_reads_only_live_columns() -> None:
+    """After trim takes back quantized positions, the next decode step's attention reads
+    the quantized columns still live, not the wider array they were cut from."""
+    pair = _sequences([30, 2], 8, seed=22)
+    pair.trim(20)  # into the quantized part: it is now narrower than its arrays
+    queries = mx.random.normal((2, 2 * HEADS, 1, DIM)).astype(mx.float16)
+    mask = pair.quant.make_mask(1)
+    keys, values = pair.quant.update_and_fetch(*_kv(2, 1, seed=23))
+    assert keys[0].shape[2] + keys.exact.shape[2] == pair.quant.size()
+    got = base.scaled_dot_product_attention(
+        queries, keys, values, cache=pair.quant, scale=DIM**-0.5, mask=mask)
+    want = mx.fast.scaled_dot_product_attention(
+        queries, *pair.quant.dequantized(), scale=DIM**-0.5, mask=mask)
+    assert mx.allclose(got, want, atol=4e-3).item()
