@@ -12,7 +12,7 @@ Each repeat changes the first system block (a counter in front), so its first tu
 nothing cached. The goal (issue 39): turn 2's time to first token <= 0.3x turn 1's at
 1 rank.
 
-    flock /work/coord/heavy.lock .venv/bin/python bench/agent_turns.py [--ranks 1] [--repeats 2]
+    .venv/bin/python bench/agent_turns.py [--ranks 1] [--repeats 2]
 
 Figures go to bench/results/agent_turns-<timestamp>.json and a summary is printed.
 """

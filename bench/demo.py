@@ -6,7 +6,7 @@ ranks, the demo before this benchmark), a real `orchestrator up` on free ports; 
 France?", streamed, greedy), its time to first token and to its whole answer, then the
 same request again (warm), and a 20-token sampled answer.
 
-    flock /work/coord/heavy.lock .venv/bin/python bench/demo.py [--layouts 1 2p 3t] [--repeats 3]
+    .venv/bin/python bench/demo.py [--layouts 1 2p 3t] [--repeats 3]
 
 Figures go to bench/results/demo-<timestamp>.json and a table is printed.
 """

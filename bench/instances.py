@@ -1,6 +1,6 @@
 """Benchmark: one replica vs two replicas (`[[instances]]`) vs mlx_lm.server, and failover.
 
-    /work/coord/bin/heavy .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
+    .venv/bin/python bench/instances.py [--levels 1 4 8] [--rounds 3]
                                                    [--tokens 64] [--kills 3]
                                                    [--failover-only] [--burst 4]
                                                    [--kill-after 0.02] [--pinned]

@@ -18,7 +18,7 @@ here) and from the measured peak RSS growth per sequence. Figures to
 bench/results/kv-cache-<timestamp>.json, rewritten after each configuration (a run cut
 short keeps what it measured).
 
-    /work/coord/bin/heavy .venv/bin/python bench/kv_cache.py [--ranks 1 2] [--long-tokens 7900]
+    .venv/bin/python bench/kv_cache.py [--ranks 1 2] [--long-tokens 7900]
         [--short-tokens 64] [--short-repeats 2] [--long-decode 48] [--budget-gb 1]
         [--bits none 8 4] [--skip-memory | --memory-only] [--prefill-step 512]
 

@@ -9,7 +9,7 @@ back: the context stays fixed); medians of `--rounds`. `--attention` times one l
 attention alone (30 calls per figure: the model's 30 layers) on the same caches: float
 SDPA over the unquantized cache vs serving/engine/kv_window.py's windowed attention.
 
-    /work/coord/bin/heavy .venv/bin/python bench/kv_decode.py [--context 8000] [--steps 6]
+    .venv/bin/python bench/kv_decode.py [--context 8000] [--steps 6]
         [--rounds 3] [--attention]
 
 Figures: bench/README.md (kv_cache.py's section).

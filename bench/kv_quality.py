@@ -14,7 +14,7 @@ Through the real serving path: a rank started with `kv_bits`, and OpenAI complet
 
 Targets (issue 41): perplexity <= +1% at 8 bits, <= +5% at 4.
 
-    /work/coord/bin/heavy .venv/bin/python bench/kv_quality.py [--tokens 2000] [--ranks 1]
+    .venv/bin/python bench/kv_quality.py [--tokens 2000] [--ranks 1]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark: what encrypting the gateway -> rank 0 hop costs, per request and per token.
 
-    /work/coord/bin/heavy .venv/bin/python bench/rank0_hop.py [--requests 400] [--streams 40]
+    .venv/bin/python bench/rank0_hop.py [--requests 400] [--streams 40]
 
 A stand-in rank 0 (uvicorn, a bare ASGI app in a process of its own: a small JSON answer,
 and a stream of `--tokens` SSE events) reached by the gateway's own client (a pooled

@@ -16,7 +16,7 @@ Three parts, each figure the median of `--repeats` runs:
 
 Figures go to bench/results/startup-<ts>.json. Heavy (starts ranks): run through the lock.
 
-    /work/coord/bin/heavy .venv/bin/python bench/startup.py [--repeats 3] [--only imports ranks up]
+    .venv/bin/python bench/startup.py [--repeats 3] [--only imports ranks up]
 """
 
 from __future__ import annotations

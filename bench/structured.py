@@ -9,7 +9,7 @@ tokens/s ((completion tokens - 1) / first-to-last chunk); per layout the median 
 constrained / plain of the pairs, and its range. Goal (issue 39): >= 0.8.
 Figures go to bench/results/structured-<timestamp>.json and a table is printed.
 
-    flock /work/coord/heavy.lock .venv/bin/python bench/structured.py [--ranks 1 2]
+    .venv/bin/python bench/structured.py [--ranks 1 2]
 """
 
 from __future__ import annotations
