@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import statistics
 import sys
@@ -99,7 +100,7 @@ def pinned_python(tmp: Path, core: int) -> str:
     """A node's `python`: ours under `taskset -c core`, so the node's agent and every rank
     it starts run on that core alone (and size their BLAS threads by it: serving/blas.py)."""
     wrapper = tmp / f"python-core{core}"
-    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {core} "{sys.executable}" "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec taskset -c {core} {shlex.quote(sys.executable)} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
 
