@@ -5,6 +5,7 @@ allocator (serving_mlx_active_memory_bytes, serving_mlx_peak_memory_bytes), poll
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -44,8 +45,6 @@ class Poller:
         self._thread.join()
 
     def _run(self) -> None:
-        import time
-
         start = time.monotonic()
         with httpx.Client(timeout=30) as client:
             while not self._stop.wait(self.every_s):
