@@ -17,5 +17,22 @@ def open_status_page(browser: Any, url: str, viewport: dict[str, int],
     return page
 
 
+# What makes the page wider than the window (what to fix), none if it fits: elements past
+# its right edge or with content past their own, outside any scrolling box (a table's).
+WIDER_THAN_THE_WINDOW = """document.documentElement.scrollWidth <= innerWidth ? [] :
+  [...document.querySelectorAll("body *")]
+    .filter((e) => {
+      for (let a = e.parentElement; a; a = a.parentElement)
+        if (getComputedStyle(a).overflowX !== "visible") return false;
+      return e.getBoundingClientRect().right > innerWidth + 0.5
+        || e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX === "visible";
+    })
+    .map((e) => `${e.tagName}#${e.id} ${(e.textContent || "").slice(-60)}`)"""
+
+
 def shows_no_horizontal_scroll(page: Any) -> bool:
-    return bool(page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"))
+    """True when the page fits the window's width; else it prints what sticks out."""
+    wide = page.evaluate(WIDER_THAN_THE_WINDOW)
+    if wide:
+        print("wider than the window:", wide)
+    return not wide

@@ -247,10 +247,10 @@ def test_down_drains_and_a_second_ctrl_c_skips_the_drain(gateway: Gateway) -> No
     config, url, orchestrator = gateway.config, gateway.url, gateway.orchestrator
     body = {"model": gateway.model, "prompt": "Tell", "max_tokens": 200,
             "logit_bias": gateway.logit_bias}
-    streaming = threading.Event()
     short: list[str] = []  # its data lines, then when it ended
 
-    def stream(max_tokens: int, lines: list[str] | None = None) -> None:
+    def stream(max_tokens: int, streaming: threading.Event, lines: list[str] | None = None,
+               ) -> None:
         with contextlib.suppress(httpx.HTTPError), httpx.stream(
             "POST", f"{url}/v1/completions", timeout=60,
             json={**body, "max_tokens": max_tokens, "stream": True},
@@ -267,15 +267,19 @@ def test_down_drains_and_a_second_ctrl_c_skips_the_drain(gateway: Gateway) -> No
     httpx.post(f"{url}/v1/completions", json=body, timeout=60).raise_for_status()
     # About 3 s of tokens on this machine: it outlasts `down`'s start, not the grace.
     tokens = min(LONG, int(3.0 * 200 / (time.monotonic() - started)))
-    endless = threading.Thread(target=stream, args=(LONG,))
+    endless_streaming, drained_streaming = threading.Event(), threading.Event()
+    endless = threading.Thread(target=stream, args=(LONG, endless_streaming))
     endless.start()
-    assert streaming.wait(30)
-    drained = threading.Thread(target=stream, args=(tokens, short))
+    assert endless_streaming.wait(30)
+    drained = threading.Thread(target=stream, args=(tokens, drained_streaming, short))
     drained.start()
+    # `down` once both stream (one sent after the drain began is refused, by design).
+    assert drained_streaming.wait(30)
     down = threading.Thread(target=run_cli, args=("down", str(config)))
     down.start()
     drained.join(30)
-    assert short[-2] == "data: [DONE]" and '"finish_reason":"length"' in short[-3], short[-3:]
+    assert len(short) >= 3 and short[-2] == "data: [DONE]", short[-3:]
+    assert '"finish_reason":"length"' in short[-3], short[-3:]
     stopping = [at for at, line in orchestrator.lines if at > started and "stopping: " in line]
     assert stopping and stopping[0] < float(short[-1]), "it ended before the stop began"
     assert orchestrator.process.poll() is None, "`down` did not wait for the endless stream"

@@ -33,6 +33,7 @@ from testkit.orchestrator_process import (
     running,
     write_cluster,
 )
+from testkit.status_page import shows_no_horizontal_scroll
 
 pytestmark = pytest.mark.e2e
 KEY = "page-key-1"
@@ -190,6 +191,10 @@ def test_the_page_shows_the_cluster_chats_charts_load_and_follows_a_restart(
         page.screenshot(path=str(shots / "ready.png"), full_page=True)
         chat(page)
         page.screenshot(path=str(shots / "chat.png"), full_page=True)
+        # A sampled answer can hold a word wider than a phone (a URL, a row of dashes): it
+        # wraps. (The answer above streams on while the test goes on.)
+        page.evaluate("document.getElementById('chat-log').textContent += '_'.repeat(300)")
+        assert shows_no_horizontal_scroll(page)
 
         page.wait_for_function("samples.length >= 2", timeout=30_000)  # the SSE stream flows
         drawing = page.locator("#drawing").inner_html()
@@ -202,7 +207,7 @@ def test_the_page_shows_the_cluster_chats_charts_load_and_follows_a_restart(
         drawing = page.locator("#drawing").inner_html()
         assert "not measured" not in drawing and drawing.count("<rect") == RANKS
         idle = page.evaluate("document.querySelector('#chart-tps canvas').toDataURL()")
-        assert no_horizontal_scroll(page)
+        assert shows_no_horizontal_scroll(page)
         page.screenshot(path=str(shots / "charts-idle.png"), full_page=True)
 
         before = page.evaluate("samples.length")  # the history holds the chat above
@@ -217,7 +222,7 @@ def test_the_page_shows_the_cluster_chats_charts_load_and_follows_a_restart(
         busy = page.evaluate("document.querySelector('#chart-tps canvas').toDataURL()")
         assert busy != idle
         assert "tokens/s" in page.locator("#chart-tps figcaption").inner_text()
-        assert no_horizontal_scroll(page)
+        assert shows_no_horizontal_scroll(page)
 
         rate_thread.join(60)
         status_bytes = len(httpx.get(f"{url}/status", headers=HEADERS).content)
@@ -261,8 +266,3 @@ def next_sample_drawn(page: Any) -> None:
     last = page.evaluate("samples.length ? samples[samples.length - 1].t : 0")
     page.wait_for_function("t => samples.length > 0 && samples[samples.length - 1].t > t",
                            arg=last, timeout=30_000)
-
-
-def no_horizontal_scroll(page: object) -> bool:
-    return bool(page.evaluate(  # type: ignore[attr-defined]
-        "document.documentElement.scrollWidth <= window.innerWidth"))
