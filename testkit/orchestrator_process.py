@@ -19,23 +19,25 @@ import tomli_w
 
 from testkit.http_tls import default_tls
 from testkit.paths import ROOT
-from testkit.ports import free_port, free_port_block
+from testkit.ports import free_port_block, free_ports_outside
 from testkit.waiting import wait_healthy
 
 
 def write_cluster(
     tmp: Path, model_path: str, nodes: list[dict[str, Any]], **sections: dict[str, Any]
 ) -> Path:
-    """A cluster.toml on free ports, with its state dir under tmp."""
+    """A cluster.toml on free ports (each its own), with its state dir under tmp."""
+    rank_port = free_port_block(len(nodes))
+    api_port, rank_api_port = free_ports_outside(2, range(rank_port, rank_port + len(nodes)))
     data: dict[str, Any] = {
         "cluster": {
             "name": "test",
             "state_dir": str(tmp / "state"),
-            "rank_port": free_port_block(len(nodes)),
+            "rank_port": rank_port,
         },
         "model": {"path": model_path},
-        "api": {"host": "127.0.0.1", "port": free_port()},
-        "serving": {"rank_api_port": free_port(), "keepalive_s": 1.0},
+        "api": {"host": "127.0.0.1", "port": api_port},
+        "serving": {"rank_api_port": rank_api_port, "keepalive_s": 1.0},
         "supervisor": {"stop_grace_s": 3.0, "launch_timeout_s": 300.0},
         "nodes": nodes,
     }

@@ -25,6 +25,16 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def free_ports_outside(count: int, taken: range) -> list[int]:
+    """Distinct free ports, none in `taken` (a rank port block): two separate free_port()
+    calls can return the same port, which validation then refuses as a clash."""
+    for _ in range(50):
+        ports = free_ports(count)
+        if not any(port in taken for port in ports):
+            return ports
+    raise RuntimeError("no free ports outside the block")
+
+
 def free_port_block(count: int) -> int:
     """A base port whose next `count` ports are all free right now (rank i uses base + i)."""
     for _ in range(50):
