@@ -305,7 +305,7 @@ class Supervisor:
         if gang is None:
             return
         grace_s = self.spec.supervisor.stop_grace_s if grace_s is None else grace_s
-        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s),
+        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s, self.answers),
                              unwatch_links(self.links), self.fewer.unwatch())
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
