@@ -4,8 +4,8 @@ A node asleep never confirms a stop: waiting for it would keep the cluster in `r
 for as long as the agent's lease (15 s) or the request's timeout. Its ranks stay recorded
 as unconfirmed and are reaped by PID (launch id checked) before the next launch. While the
 stop runs, the gang's nodes are asked to answer (a ping): once the ones that do not answer
-are known and every rank elsewhere confirmed its stop, the stop is over, without waiting
-the grace plus STOP_ANSWER_S for the silent ones (a re-plan ~4 s sooner).
+are known and every rank elsewhere confirmed its stop, the stop is over, and so is the end
+of the link probes, without waiting the grace plus STOP_ANSWER_S for the silent nodes.
 """
 
 from __future__ import annotations
@@ -24,14 +24,22 @@ STOP_ANSWER_S = 5.0  # past the ranks' grace, the most a node may take to confir
 LEFTOVERS_S = 5.0
 CONFIRMED_POLL_S = 0.1  # how often the ranks on the answering nodes are checked as stopped
 
+Away = asyncio.Future[dict[str, str]]  # the nodes that did not answer the ping, with why
 
-async def stop_gang(gang: Gang, grace_s: float, answers: Answers | None = None) -> None:
+
+def ask_away(gang: Gang, answers: Answers | None) -> Away:
+    """Ask the gang's nodes to answer (one ping each), while their ranks stop."""
+    nodes = sorted({launch.node for launch in gang.plan.ranks})
+    return asyncio.ensure_future(answers.away(nodes) if answers else _nothing())
+
+
+async def stop_gang(gang: Gang, grace_s: float, away: Away | None = None) -> None:
     """SIGTERM every rank, SIGKILL after grace_s; then ask the nodes for leftovers and kill
     them. Returns within about grace_s + 2 x STOP_ANSWER_S + LEFTOVERS_S, or as soon as
-    the nodes `answers` finds away are the only ones whose ranks still run."""
+    the only ranks still running are on the nodes found `away`."""
     stopping = asyncio.ensure_future(gang.stop(grace_s))
     try:
-        if not await _stopped(gang, stopping, grace_s + STOP_ANSWER_S, answers):
+        if not await _stopped(gang, stopping, grace_s + STOP_ANSWER_S, away):
             # Asking that node for leftovers would only wait as long again.
             log.warning("a node did not confirm its ranks' stop (away?): they are ended by "
                         "PID once it answers again")
@@ -48,30 +56,34 @@ async def stop_gang(gang: Gang, grace_s: float, answers: Answers | None = None) 
             await asyncio.wait_for(gang.stop(0.0), STOP_ANSWER_S)
 
 
-async def _stopped(
-    gang: Gang, stopping: asyncio.Future[None], limit_s: float, answers: Answers | None
-) -> bool:
+async def _stopped(gang: Gang, stopping: asyncio.Future[None], limit_s: float,
+                   away: Away | None) -> bool:
     """True once the stop request is answered on every node; False once the only ranks
-    still running are on nodes that do not answer, or past limit_s."""
+    still running are on nodes away, or past limit_s."""
     deadline = asyncio.get_running_loop().time() + limit_s
-    nodes = sorted({p.node for p in gang.ranks.values() if p.running})
-    asking = asyncio.ensure_future(answers.away(nodes) if answers and nodes else _nothing())
     try:
-        await asyncio.wait_for(first_done(asyncio.shield(stopping), asyncio.shield(asking)),
-                               limit_s)
-        away = set(asking.result()) if asking.done() and not asking.exception() else set()
-        while away and not stopping.done() and _left(deadline) > 0 and any(
-            p.running and p.node not in away for p in gang.ranks.values()
+        silent = await _silent(stopping, away, limit_s)
+        while silent and not stopping.done() and _left(deadline) > 0 and any(
+            p.running and p.node not in silent for p in gang.ranks.values()
         ):
             await asyncio.sleep(CONFIRMED_POLL_S)
-        if not away or stopping.done():
+        if not silent or stopping.done():
             await asyncio.wait_for(asyncio.shield(stopping), _left(deadline))
             return True
         return False
     except TimeoutError:
         return False
-    finally:
-        asking.cancel()
+
+
+async def _silent(work: asyncio.Future[None], away: Away | None, limit_s: float) -> set[str]:
+    """The nodes away, once known before `work` is done (else none); TimeoutError past
+    limit_s."""
+    if away is None:
+        return set()
+    await asyncio.wait_for(first_done(asyncio.shield(work), asyncio.shield(away)), limit_s)
+    if work.done() or not away.done() or away.cancelled() or away.exception():
+        return set()
+    return set(away.result())
 
 
 def _left(deadline: float) -> float:
@@ -82,8 +94,16 @@ async def _nothing() -> dict[str, str]:
     return {}
 
 
-async def unwatch_links(links: Links | None) -> None:
-    """End the link probes; a node away does not hold it up."""
-    if links is not None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(links.unwatch(), STOP_ANSWER_S)
+async def unwatch_links(links: Links | None, away: Away | None = None) -> None:
+    """End the link probes; a node away does not hold it up (past STOP_ANSWER_S, or once
+    it did not answer the ping sent with the stop: the others answered long before)."""
+    if links is None:
+        return
+    unwatching = asyncio.ensure_future(links.unwatch())
+    try:
+        if not await _silent(unwatching, away, STOP_ANSWER_S):
+            await asyncio.wait_for(asyncio.shield(unwatching), STOP_ANSWER_S)
+    except TimeoutError:
+        pass
+    finally:
+        unwatching.cancel()

@@ -37,7 +37,7 @@ from orchestrator.supervision.failures import (
     root_cause,
 )
 from orchestrator.supervision.fewer_nodes import FewerNodes, Shrink, adopted_shrink
-from orchestrator.supervision.gang_stop import stop_gang, unwatch_links
+from orchestrator.supervision.gang_stop import ask_away, stop_gang, unwatch_links
 from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
@@ -305,8 +305,12 @@ class Supervisor:
         if gang is None:
             return
         grace_s = self.spec.supervisor.stop_grace_s if grace_s is None else grace_s
-        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s, self.answers),
-                             unwatch_links(self.links), self.fewer.unwatch())
+        away = ask_away(gang, self.answers)  # a node that does not answer is not waited for
+        try:
+            await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s, away),
+                                 unwatch_links(self.links, away), self.fewer.unwatch())
+        finally:
+            away.cancel()
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
 
