@@ -100,16 +100,21 @@ async def test_a_node_that_never_confirms_the_stop_does_not_hold_up_the_wait(
 ) -> None:
     """The stop of c's rank is never answered and c does not answer a ping: the stop ends
     once the other ranks confirmed, not after the grace plus STOP_ANSWER_S (60 s here), c
-    is waited for, and its rank stays recorded as running (to reap)."""
+    is waited for without a second ping, and its rank stays recorded as running (to reap)."""
     monkeypatch.setattr(gang_stop, "STOP_ANSWER_S", 60.0)
     h = harness()
     first = await h.ready_gang(1)
     first.silent_node = "c"
     h.answers.away_nodes = {"c": ASLEEP}
+    asked_before, asked_when_waiting = h.answers.asked, list[int]()
+    h.supervisor.machine.on_change(lambda old, new, reason: asked_when_waiting.append(
+        h.answers.asked) if new == GangState.WAITING else None)
     h.crash(0, signal="SIGKILL")
     await h.until(lambda: waiting_for_c(h), "waiting for c")  # within 5 s
     assert first.ranks[2].running and [r.rank for r in first.unconfirmed()] == [2]
     assert not first.ranks[1].running  # b's stop was confirmed before the stop ended
+    # One ping, sent with the stop, told c away: not asked again before waiting for it.
+    assert asked_when_waiting[0] == asked_before + 1, (asked_before, asked_when_waiting)
     h.answers.away_nodes = {}
     await h.ready_gang(2)
     assert h.supervisor.restarts == 0
