@@ -37,7 +37,7 @@ from orchestrator.supervision.failures import (
     root_cause,
 )
 from orchestrator.supervision.fewer_nodes import FewerNodes, Shrink, adopted_shrink
-from orchestrator.supervision.gang_stop import stop_gang, unwatch_links
+from orchestrator.supervision.gang_stop import ask_away, stop_gang, unwatch_links
 from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
@@ -98,6 +98,7 @@ class Supervisor:
         self._restart = asyncio.Event()
         self._ready_since = 0.0
         self._force = self._keep_ranks = False
+        self._away_at_stop: dict[str, str] = {}  # nodes that did not answer the stop's ping
         machine.on_change(lambda old, new, reason: metrics.state.state(new.value))
 
     # ── read through the view (the service and tests) ──
@@ -196,6 +197,7 @@ class Supervisor:
         spec = self.fewer.current.spec if self.fewer.current else self.spec
         links = self.waits.links if self.fewer.current is None else None  # none to nodes away
         stale = self.fewer.stale(self.view.gang)
+        self._away_at_stop = {}  # only the stop of the gang that fails next tells who is away
         failures = await before_launch(spec, self.pool, self.metrics, stale, self.next.adopting,
                                        links, self._clock)
         if failures is not None:
@@ -250,7 +252,7 @@ class Supervisor:
         failure = result.root
         self.machine.to(GangState.RESTARTING, failure.summary())
         nodes = self.fewer.nodes(list(self.pool.nodes))
-        away = await self.answers.away(nodes) if recovery.asks_who_is_away(result) else None
+        away = await self._who_is_away(nodes) if recovery.asks_who_is_away(result) else None
         match recovery.decide(result, away, self.policy, self._ebusy_retried):
             case recovery.Fail(reason):
                 return await self._wait_while_failed(reason)
@@ -295,6 +297,13 @@ class Supervisor:
         self._restart.clear()
         return not await self._stop_within(self._restart.wait())
 
+    async def _who_is_away(self, nodes: list[str]) -> dict[str, str]:
+        """The nodes away; those that did not answer the failed gang's stop just now are not
+        pinged again (a frozen node would cost another PING_S)."""
+        known, self._away_at_stop = self._away_at_stop, {}
+        known = {node: why for node, why in known.items() if node in nodes}
+        return known or await self.answers.away(nodes)
+
     async def _stop_within(self, wait: Awaitable[object]) -> bool:
         """Wait for `wait` or a stop request; True if the stop came first."""
         await first_done(wait, self._stop.wait())
@@ -305,8 +314,14 @@ class Supervisor:
         if gang is None:
             return
         grace_s = self.spec.supervisor.stop_grace_s if grace_s is None else grace_s
-        await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s),
-                             unwatch_links(self.links), self.fewer.unwatch())
+        away = ask_away(gang, self.answers)  # a node that does not answer is not waited for
+        try:
+            await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s, away),
+                                 unwatch_links(self.links, away), self.fewer.unwatch())
+            found = away.done() and not away.cancelled() and not away.exception()
+            self._away_at_stop = away.result() if found else {}
+        finally:
+            away.cancel()
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
 

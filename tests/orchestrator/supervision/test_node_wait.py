@@ -98,19 +98,40 @@ async def test_a_node_away_past_node_wait_s_fails_the_cluster_with_the_reason(ha
 async def test_a_node_that_never_confirms_the_stop_does_not_hold_up_the_wait(
     harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stop of c's rank is never answered: the stop gives up after the grace plus
-    STOP_ANSWER_S, c is waited for, and its rank stays recorded as running (to reap)."""
-    monkeypatch.setattr(gang_stop, "STOP_ANSWER_S", 0.05)
+    """The stop of c's rank is never answered and c does not answer a ping: the stop ends
+    once the other ranks confirmed, not after the grace plus STOP_ANSWER_S (60 s here), c
+    is waited for without a second ping, and its rank stays recorded as running (to reap)."""
+    monkeypatch.setattr(gang_stop, "STOP_ANSWER_S", 60.0)
     h = harness()
     first = await h.ready_gang(1)
     first.silent_node = "c"
     h.answers.away_nodes = {"c": ASLEEP}
+    asked_before, asked_when_waiting = h.answers.asked, list[int]()
+    h.supervisor.machine.on_change(lambda old, new, reason: asked_when_waiting.append(
+        h.answers.asked) if new == GangState.WAITING else None)
     h.crash(0, signal="SIGKILL")
-    await h.until(lambda: waiting_for_c(h), "waiting for c")
+    await h.until(lambda: waiting_for_c(h), "waiting for c")  # within 5 s
     assert first.ranks[2].running and [r.rank for r in first.unconfirmed()] == [2]
+    assert not first.ranks[1].running  # b's stop was confirmed before the stop ended
+    # One ping, sent with the stop, told c away: not asked again before waiting for it.
+    assert asked_when_waiting[0] == asked_before + 1, (asked_before, asked_when_waiting)
     h.answers.away_nodes = {}
     await h.ready_gang(2)
     assert h.supervisor.restarts == 0
+
+
+async def test_a_stop_never_confirmed_by_a_node_that_answers_ends_after_the_grace(
+    harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """c answers pings but never confirms its rank's stop: the stop gives up after the
+    grace plus STOP_ANSWER_S, and the next gang launches with c's rank left to reap."""
+    monkeypatch.setattr(gang_stop, "STOP_ANSWER_S", 0.05)
+    h = harness(stop_grace_s=0.05)
+    first = await h.ready_gang(1)
+    first.silent_node = "c"
+    h.crash(0, signal="SIGKILL")
+    await h.ready_gang(2)
+    assert first.ranks[2].running and [r.rank for r in first.unconfirmed()] == [2]
 
 
 async def test_a_link_check_failing_because_its_node_is_away_waits_for_the_node(harness) -> None:
