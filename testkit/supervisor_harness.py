@@ -233,7 +233,7 @@ class Harness:
 
     async def ready_gang(self, number: int) -> FakeGang:
         await self.until(
-            lambda: len(self.gangs) == number and self.supervisor.state == GangState.READY,
+            lambda: len(self.gangs) == number and self.supervisor.view.state == GangState.READY,
             f"ready with gang {number}",
         )
         return self.gang
@@ -251,7 +251,7 @@ class Harness:
 
     def waited(self) -> float:
         """Fake seconds from the latest gang failure to the launch that followed it."""
-        failure = self.supervisor.snapshot().last_failure
+        failure = self.supervisor.view.snapshot().last_failure
         assert failure is not None
         return self.launched_at[-1] - failure.at
 

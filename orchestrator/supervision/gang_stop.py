@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from orchestrator.launch.gang import Gang
 from orchestrator.supervision.interfaces import Answers, Links
@@ -25,6 +26,35 @@ LEFTOVERS_S = 5.0
 CONFIRMED_POLL_S = 0.1  # how often the ranks on the answering nodes are checked as stopped
 
 Away = asyncio.Future[dict[str, str]]  # the nodes that did not answer the ping, with why
+
+
+class GangStopper:
+    """Stops one supervisor's gangs (ranks, link probes, the watch for nodes back) and keeps
+    which nodes did not answer the last stop's ping, for the recovery that follows it."""
+
+    def __init__(self, answers: Answers, links: Links | None,
+                 unwatch_more: Callable[[], Awaitable[None]]) -> None:
+        self.answers, self.links, self._unwatch_more = answers, links, unwatch_more
+        self._silent: dict[str, str] = {}
+
+    def forget(self) -> None:  # a launch: only the stop of the gang that fails next tells
+        self._silent = {}
+
+    async def stop(self, gang: Gang, grace_s: float) -> None:
+        away = ask_away(gang, self.answers)  # a node that does not answer is not waited for
+        try:
+            await asyncio.gather(stop_gang(gang, grace_s, away),
+                                 unwatch_links(self.links, away), self._unwatch_more())
+            found = away.done() and not away.cancelled() and not away.exception()
+            self._silent = away.result() if found else {}
+        finally:
+            away.cancel()
+
+    async def away(self, nodes: list[str]) -> dict[str, str]:
+        """The nodes away; those silent at the stop just now are not pinged again (a frozen
+        node would cost another ping's wait)."""
+        known, self._silent = self._silent, {}
+        return {n: why for n, why in known.items() if n in nodes} or await self.answers.away(nodes)
 
 
 def ask_away(gang: Gang, answers: Answers | None) -> Away:

@@ -78,16 +78,16 @@ def split_ours(
 
 
 async def end_our_holders(
-    holders: Holders, nodes: list[str], our_launches: set[str], summary: str
+    holders: Holders, nodes: list[str], our_launches: set[str], summary: str, retry: bool
 ) -> str | None:
     """Find the holders on every node and end ours; the reason to fail with when others
-    hold the devices (never ended), else None."""
+    hold the devices (never ended) or no retry is left, else None (retry)."""
     ours, others = split_ours(await holders.find(nodes), our_launches)
     for node, holder in ours:
         ended = await holders.end(node, holder)
         log.warning("ebusy: %s %s", "ended" if ended else "could not end", describe(node, holder))
     if not others:
-        return None
+        return None if retry else failed_reason(summary)
     named = "; ".join(describe(node, holder) for node, holder in others)
     return (
         f"{summary}; the RDMA devices are held by programs that are not this cluster's "

@@ -37,7 +37,7 @@ from orchestrator.supervision.failures import (
     root_cause,
 )
 from orchestrator.supervision.fewer_nodes import FewerNodes, Shrink, adopted_shrink
-from orchestrator.supervision.gang_stop import ask_away, stop_gang, unwatch_links
+from orchestrator.supervision.gang_stop import GangStopper, unwatch_links
 from orchestrator.supervision.interfaces import Answers, Holders, Links, Probe
 from orchestrator.supervision.metrics import OrchestratorMetrics
 from orchestrator.supervision.monitor import GangMonitor
@@ -46,9 +46,8 @@ from orchestrator.supervision.node_wait import NodeAnswers
 from orchestrator.supervision.prelaunch import before_launch
 from orchestrator.supervision.progress import ProgressWatch
 from orchestrator.supervision.races import first_done
-from orchestrator.supervision.rdma_holders import AgentHolders, end_our_holders, failed_reason
+from orchestrator.supervision.rdma_holders import AgentHolders, end_our_holders
 from orchestrator.supervision.restart_policy import RestartPolicy
-from orchestrator.supervision.snapshot import SupervisorSnapshot
 from orchestrator.supervision.state import GangState, StateMachine
 from orchestrator.supervision.waits import NODE_RETRY_S, Waits
 from orchestrator.transports.pool import NodePool
@@ -89,6 +88,7 @@ class Supervisor:
         self.view = SupervisorView(machine, clock)  # what the gateway and status read
         self.fewer = FewerNodes(spec, fewer_gang, self.answers, sleep, NODE_RETRY_S)
         self.next = NextGang(self.fewer.gang_maker(new_gang), spec.supervisor.standby_ranks)
+        self.stopper = GangStopper(self.answers, links, self.fewer.unwatch)
         self.fewer.on_change = self.next.drop_standby  # a standby of another shape is no use
         self._ebusy_retried = False  # the one retry after EBUSY, until a gang is ready
         self._on_launch, self._clock, self._sleep = on_launch, clock, sleep
@@ -98,25 +98,7 @@ class Supervisor:
         self._restart = asyncio.Event()
         self._ready_since = 0.0
         self._force = self._keep_ranks = False
-        self._away_at_stop: dict[str, str] = {}  # nodes that did not answer the stop's ping
         machine.on_change(lambda old, new, reason: metrics.state.state(new.value))
-
-    # ── read through the view (the service and tests) ──
-
-    @property
-    def state(self) -> GangState:
-        return self.view.state
-
-    @property
-    def reason(self) -> str:
-        return self.view.reason
-
-    @property
-    def restarts(self) -> int:
-        return self.view.restarts
-
-    def snapshot(self) -> SupervisorSnapshot:
-        return self.view.snapshot()
 
     # ── requests from the operator ──
 
@@ -197,7 +179,7 @@ class Supervisor:
         spec = self.fewer.current.spec if self.fewer.current else self.spec
         links = self.waits.links if self.fewer.current is None else None  # none to nodes away
         stale = self.fewer.stale(self.view.gang)
-        self._away_at_stop = {}  # only the stop of the gang that fails next tells who is away
+        self.stopper.forget()
         failures = await before_launch(spec, self.pool, self.metrics, stale, self.next.adopting,
                                        links, self._clock)
         if failures is not None:
@@ -252,7 +234,7 @@ class Supervisor:
         failure = result.root
         self.machine.to(GangState.RESTARTING, failure.summary())
         nodes = self.fewer.nodes(list(self.pool.nodes))
-        away = await self._who_is_away(nodes) if recovery.asks_who_is_away(result) else None
+        away = await self.stopper.away(nodes) if recovery.asks_who_is_away(result) else None
         match recovery.decide(result, away, self.policy, self._ebusy_retried):
             case recovery.Fail(reason):
                 return await self._wait_while_failed(reason)
@@ -264,8 +246,18 @@ class Supervisor:
                 if isinstance(outcome, Shrink):
                     self.fewer.shrink(outcome)  # the next launch: on the nodes that remain
                 return outcome is not None
-            case recovery.ClearEbusy() as clear:
-                return await self._clear_ebusy(clear)
+            case recovery.ClearEbusy(failure, retry, retry_at):
+                # Our holders ended, standbys too (they carry JACCL's env), and one retry
+                # without spending a restart; else failed, naming holders not ours.
+                self.next.drop_standby()
+                held = await end_our_holders(self.holders, list(self.pool.nodes),
+                                               self.next.launch_ids, failure.summary(), retry)
+                if held:
+                    return await self._wait_while_failed(held)
+                self._ebusy_retried = True
+                wait = max(retry_at - self._clock(), 0.0)
+                log.info("ebusy: retrying once in %.1f s (no restart spent)", wait)
+                return not await self._stop_within(self._sleep(wait))
             case recovery.Backoff(cause, delay, relaunch_at):
                 self.policy.record()
                 self.view.restarts += 1
@@ -276,33 +268,11 @@ class Supervisor:
                          delay, self.view.restarts, cause, wait)
                 return not await self._stop_within(self._sleep(wait))
 
-    async def _clear_ebusy(self, clear: recovery.ClearEbusy) -> bool:
-        """EBUSY: end the RDMA devices' holders that are ours and retry once, after the
-        cool-down and without spending a restart; fail naming the holders that are not
-        ours, or when the retry meets EBUSY again (waiting cannot free a device)."""
-        self.next.drop_standby()  # its standbys carry JACCL's env too: ended with the rest
-        summary = clear.failure.summary()
-        reason = await end_our_holders(self.holders, list(self.pool.nodes), self.next.launch_ids,
-                                       summary)
-        if reason or not clear.retry:
-            return await self._wait_while_failed(reason or failed_reason(summary))
-        self._ebusy_retried = True
-        wait = max(clear.retry_at - self._clock(), 0.0)
-        log.info("ebusy: retrying once in %.1f s (no restart spent)", wait)
-        return not await self._stop_within(self._sleep(wait))
-
     async def _wait_while_failed(self, reason: str) -> bool:
         """Failed until `orchestrator restart` (True) or a stop request (False)."""
         self.machine.to(GangState.FAILED, reason)
         self._restart.clear()
         return not await self._stop_within(self._restart.wait())
-
-    async def _who_is_away(self, nodes: list[str]) -> dict[str, str]:
-        """The nodes away; those that did not answer the failed gang's stop just now are not
-        pinged again (a frozen node would cost another PING_S)."""
-        known, self._away_at_stop = self._away_at_stop, {}
-        known = {node: why for node, why in known.items() if node in nodes}
-        return known or await self.answers.away(nodes)
 
     async def _stop_within(self, wait: Awaitable[object]) -> bool:
         """Wait for `wait` or a stop request; True if the stop came first."""
@@ -314,14 +284,7 @@ class Supervisor:
         if gang is None:
             return
         grace_s = self.spec.supervisor.stop_grace_s if grace_s is None else grace_s
-        away = ask_away(gang, self.answers)  # a node that does not answer is not waited for
-        try:
-            await asyncio.gather(stop_gang(gang, 0.0 if self._force else grace_s, away),
-                                 unwatch_links(self.links, away), self.fewer.unwatch())
-            found = away.done() and not away.cancelled() and not away.exception()
-            self._away_at_stop = away.result() if found else {}
-        finally:
-            away.cancel()
+        await self.stopper.stop(gang, 0.0 if self._force else grace_s)
         for rank in gang.ranks:
             self.metrics.rank_up.labels(rank=str(rank)).set(0)
 

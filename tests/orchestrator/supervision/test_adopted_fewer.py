@@ -34,14 +34,14 @@ async def test_an_adopted_gang_on_fewer_nodes_serves_then_every_node_is_back(har
     h.answers.away_nodes = {"c": ASLEEP}
     first = adopted(h, ["a", "b"])
     h.supervisor.adopt(first)
-    await h.until(lambda: h.supervisor.state == GangState.READY, "ready on the adopted gang")
-    assert "on 2 of 3 nodes, without c (adopted launch L0)" in h.supervisor.reason
+    await h.until(lambda: h.supervisor.view.state == GangState.READY, "ready on the adopted gang")
+    assert "on 2 of 3 nodes, without c (adopted launch L0)" in h.supervisor.view.reason
     assert h.gangs == []  # nothing launched: the adopted gang serves
     h.answers.away_nodes = {}
     full = await h.ready_gang(1)
     assert [launch.node for launch in full.plan.ranks] == ["a", "b", "c"]
     assert not any(rank.running for rank in first.ranks.values())
-    assert h.supervisor.restarts == 0
+    assert h.supervisor.view.restarts == 0
     await stop(h)
 
 

@@ -41,7 +41,7 @@ async def test_ebusy_ends_our_own_holders_and_retries_once_without_a_restart(har
     await h.ready_gang(2)
     assert h.holders.ended == [("b", 4242)]
     assert h.waited() == 30.0  # ebusy_cooldown_s: a killed holder's resources take a while
-    assert h.supervisor.restarts == 0 and h.restarts(Cause.EBUSY) == 0
+    assert h.supervisor.view.restarts == 0 and h.restarts(Cause.EBUSY) == 0
 
 
 async def test_ebusy_held_by_a_program_not_ours_fails_at_once_naming_it(harness) -> None:
@@ -52,15 +52,15 @@ async def test_ebusy_held_by_a_program_not_ours_fails_at_once_naming_it(harness)
     other = RdmaHolder(pid=777, command="python -m mlx_lm.server --model big", jaccl_env=True)
     h.holders.found = {"c": [other], "b": [old_rank(4242, "L1")]}
     ebusy(h)
-    await h.until(lambda: h.supervisor.state == GangState.FAILED, "failed")
-    reason = h.supervisor.reason
+    await h.until(lambda: h.supervisor.view.state == GangState.FAILED, "failed")
+    reason = h.supervisor.view.reason
     assert reason.startswith("ebusy: rank 0 on a: ")
     assert "not this cluster's (not ended): pid 777 on c: python -m mlx_lm.server --model big " \
         "(JACCL env)" in reason
     assert "docs/operations.md" in reason
     assert "orchestrator restart" in reason
     assert h.holders.ended == [("b", 4242)]  # ours only
-    assert h.supervisor.restarts == 0 and len(h.gangs) == 1
+    assert h.supervisor.view.restarts == 0 and len(h.gangs) == 1
 
 
 async def test_ebusy_again_after_the_retry_fails_with_the_reboot_step(harness) -> None:
@@ -70,11 +70,12 @@ async def test_ebusy_again_after_the_retry_fails_with_the_reboot_step(harness) -
     await h.ready_gang(1)
     h.start_exits = [EBUSY_EXIT]  # the retry's launch
     ebusy(h)
-    await h.until(lambda: h.supervisor.state == GangState.FAILED, "failed")
+    await h.until(lambda: h.supervisor.view.state == GangState.FAILED, "failed")
     assert len(h.gangs) == 2 and h.launched_at[1] - h.launched_at[0] >= 30.0
-    assert "EBUSY again after one retry" in h.supervisor.reason
-    assert "reboot the node" in h.supervisor.reason and "ibv_devices" in h.supervisor.reason
-    assert h.supervisor.restarts == 0 and h.restarts(Cause.EBUSY) == 0
+    assert "EBUSY again after one retry" in h.supervisor.view.reason
+    reason = h.supervisor.view.reason
+    assert "reboot the node" in reason and "ibv_devices" in reason
+    assert h.supervisor.view.restarts == 0 and h.restarts(Cause.EBUSY) == 0
 
 
 async def test_a_gang_that_served_gets_its_own_retry(harness) -> None:
@@ -84,7 +85,7 @@ async def test_a_gang_that_served_gets_its_own_retry(harness) -> None:
         await h.ready_gang(number)
         ebusy(h)
     await h.ready_gang(4)
-    assert h.supervisor.restarts == 0
+    assert h.supervisor.view.restarts == 0
 
 
 async def test_a_real_agent_finds_a_jaccl_process_and_ends_it_only_if_ours(

@@ -164,15 +164,15 @@ async def test_the_loop_serves_on_fewer_nodes_then_back_on_every_node(harness) -
     h.monitor.on_agent_lost("c", AgentExit("the agent did not answer a ping within 15 s", None, []))
     fewer = await h.ready_gang(2)
     assert [launch.node for launch in fewer.plan.ranks] == ["a", "b"]
-    assert h.launched_at[-1] - h.supervisor.snapshot().history[-1].root.at >= NODE_WAIT_S
-    assert "on 2 of 3 nodes, without c (away since " in h.supervisor.reason
+    assert h.launched_at[-1] - h.supervisor.view.snapshot().history[-1].root.at >= NODE_WAIT_S
+    assert "on 2 of 3 nodes, without c (away since " in h.supervisor.view.reason
     assert any(r.startswith("waiting: waiting for node c") for r in h.reasons)
     h.answers.away_nodes = {}
     full = await h.ready_gang(3)
     assert [launch.node for launch in full.plan.ranks] == ["a", "b", "c"]
     assert not any(rank.running for rank in fewer.ranks.values())  # stopped, then replaced
     assert any("c answers again: back to every node" in r for r in h.reasons)
-    assert h.supervisor.restarts == 0 and h.restarts(Cause.AGENT_LOST) == 0
+    assert h.supervisor.view.restarts == 0 and h.restarts(Cause.AGENT_LOST) == 0
     assert (await stop(h)).restarts == 0
 
 
@@ -182,8 +182,8 @@ async def test_the_loop_with_the_setting_off_fails_past_node_wait_s(harness) -> 
     await h.ready_gang(1)
     h.answers.away_nodes = {"c": ASLEEP}
     h.monitor.on_agent_lost("c", AgentExit("lost", None, []))
-    await h.until(lambda: h.supervisor.state == GangState.FAILED, "failed")
-    assert "longer than node_wait_s (30 s)" in h.supervisor.reason
+    await h.until(lambda: h.supervisor.view.state == GangState.FAILED, "failed")
+    assert "longer than node_wait_s (30 s)" in h.supervisor.view.reason
     assert len(h.gangs) == 1
     await stop(h)
 

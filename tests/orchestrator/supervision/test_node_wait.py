@@ -23,7 +23,7 @@ ASLEEP = "timeout: no answer from 10.0.0.3:22 in time"
 
 
 def waiting_for_c(h: Harness) -> bool:
-    return h.supervisor.state == GangState.WAITING and "node c" in h.supervisor.reason
+    return h.supervisor.view.state == GangState.WAITING and "node c" in h.supervisor.view.reason
 
 
 def state_metric(h: Harness, state: str) -> float:
@@ -38,21 +38,21 @@ async def test_a_node_that_goes_away_is_waited_for_and_costs_no_restart(harness)
     h.answers.away_nodes = {"c": ASLEEP}
     h.monitor.on_agent_lost("c", AgentExit("the agent did not answer a ping within 15 s", None, []))
     await h.until(lambda: waiting_for_c(h), "waiting for c")
-    reason = h.supervisor.reason
+    reason = h.supervisor.view.reason
     assert re.fullmatch(rf"waiting for node c: unreachable since \d\d:\d\d:\d\d \({ASLEEP}\)",
                         reason), reason
     assert state_metric(h, "waiting") == 1 and state_metric(h, "ready") == 0
     assert sample(h.metrics, "orchestrator_node_up", node="c") == 0
     asked, launches = h.answers.asked, len(h.gangs)
     await h.until(lambda: h.answers.asked > asked + 3, "asking c again")
-    assert len(h.gangs) == launches and h.supervisor.reason == reason  # still since then
+    assert len(h.gangs) == launches and h.supervisor.view.reason == reason  # still since then
     failed_at = h.clock()
     h.answers.away_nodes = {}
     await h.ready_gang(2)
     assert h.launched_at[-1] - failed_at <= 2.0  # the next retry, no backoff
-    assert h.supervisor.restarts == 0 and h.supervisor.policy.restarts_in_window == 0
+    assert h.supervisor.view.restarts == 0 and h.supervisor.policy.restarts_in_window == 0
     assert h.restarts(Cause.AGENT_LOST) == 0
-    assert h.supervisor.snapshot().history[-1].root.cause == Cause.AGENT_LOST  # still shown
+    assert h.supervisor.view.snapshot().history[-1].root.cause == Cause.AGENT_LOST  # still shown
     assert (await stop(h)).restarts == 0
 
 
@@ -63,10 +63,10 @@ async def test_a_node_that_sleeps_again_and_again_never_exhausts_the_budget(harn
         await h.ready_gang(number)
         h.answers.away_nodes = {"b": ASLEEP}
         h.crash(1, signal="SIGKILL")
-        await h.until(lambda: h.supervisor.state == GangState.WAITING, "waiting")
+        await h.until(lambda: h.supervisor.view.state == GangState.WAITING, "waiting")
         h.answers.away_nodes = {}
     await h.ready_gang(4)
-    assert h.supervisor.restarts == 0
+    assert h.supervisor.view.restarts == 0
     assert not any(r.startswith("failed") for r in h.reasons)
 
 
@@ -81,13 +81,13 @@ async def test_a_node_away_past_node_wait_s_fails_the_cluster_with_the_reason(ha
     h.answers.away_nodes = {"c": ASLEEP, "b": "unreachable: no route to 10.0.0.2:22"}
     crashed_at = h.clock()
     h.crash(2, signal="SIGKILL")
-    await h.until(lambda: h.supervisor.state == GangState.FAILED, "failed")
+    await h.until(lambda: h.supervisor.view.state == GangState.FAILED, "failed")
     # The deadline on the fake clock: failed once 30 s had passed, within one retry (2 s).
     assert len(failed_at) == 1 and 30.0 <= failed_at[0] - crashed_at <= 30.0 + NODE_RETRY_S
-    reason = h.supervisor.reason
+    reason = h.supervisor.view.reason
     assert re.match(r"node c, b unreachable since \d\d:\d\d:\d\d, longer than node_wait_s "
                     r"\(30 s\): c: timeout: .*; b: unreachable: no route", reason), reason
-    assert "orchestrator restart" in reason and h.supervisor.restarts == 0
+    assert "orchestrator restart" in reason and h.supervisor.view.restarts == 0
     assert any(r.startswith("waiting: waiting for nodes c: unreachable since") for r in h.reasons)
     assert len(h.gangs) == 1
     h.answers.away_nodes = {}
@@ -117,7 +117,7 @@ async def test_a_node_that_never_confirms_the_stop_does_not_hold_up_the_wait(
     assert asked_when_waiting[0] == asked_before + 1, (asked_before, asked_when_waiting)
     h.answers.away_nodes = {}
     await h.ready_gang(2)
-    assert h.supervisor.restarts == 0
+    assert h.supervisor.view.restarts == 0
 
 
 async def test_a_stop_never_confirmed_by_a_node_that_answers_ends_after_the_grace(
@@ -141,13 +141,13 @@ async def test_a_link_check_failing_because_its_node_is_away_waits_for_the_node(
     await h.ready_gang(1)
     h.links.down = True
     h.crash(1, returncode=1)
-    await h.until(lambda: "waiting for links" in h.supervisor.reason, "waiting for links")
+    await h.until(lambda: "waiting for links" in h.supervisor.view.reason, "waiting for links")
     h.answers.away_nodes = {"b": ASLEEP}
-    await h.until(lambda: "waiting for node b" in h.supervisor.reason, "waiting for b")
-    assert h.supervisor.restarts == 1  # the crash's; the absence spends none
+    await h.until(lambda: "waiting for node b" in h.supervisor.view.reason, "waiting for b")
+    assert h.supervisor.view.restarts == 1  # the crash's; the absence spends none
     h.answers.away_nodes, h.links.down = {}, False
     await h.ready_gang(2)
-    assert h.supervisor.restarts == 1
+    assert h.supervisor.view.restarts == 1
 
 
 # ── which errors mean "away": real connection attempts, no sshd needed ──
