@@ -41,7 +41,9 @@ class GangStopper:
         self._silent = {}
 
     async def stop(self, gang: Gang, grace_s: float) -> None:
-        away = ask_away(gang, self.answers)  # a node that does not answer is not waited for
+        # One ping to each of the gang's nodes: one that does not answer is not waited for.
+        nodes = sorted({launch.node for launch in gang.plan.ranks})
+        away: Away = asyncio.ensure_future(self.answers.away(nodes))
         try:
             await asyncio.gather(stop_gang(gang, grace_s, away),
                                  unwatch_links(self.links, away), self._unwatch_more())
@@ -55,12 +57,6 @@ class GangStopper:
         node would cost another ping's wait)."""
         known, self._silent = self._silent, {}
         return {n: why for n, why in known.items() if n in nodes} or await self.answers.away(nodes)
-
-
-def ask_away(gang: Gang, answers: Answers | None) -> Away:
-    """Ask the gang's nodes to answer (one ping each), while their ranks stop."""
-    nodes = sorted({launch.node for launch in gang.plan.ranks})
-    return asyncio.ensure_future(answers.away(nodes) if answers else _nothing())
 
 
 async def stop_gang(gang: Gang, grace_s: float, away: Away | None = None) -> None:
@@ -118,10 +114,6 @@ async def _silent(work: asyncio.Future[None], away: Away | None, limit_s: float)
 
 def _left(deadline: float) -> float:
     return max(0.0, deadline - asyncio.get_running_loop().time())
-
-
-async def _nothing() -> dict[str, str]:
-    return {}
 
 
 async def unwatch_links(links: Links | None, away: Away | None = None) -> None:
