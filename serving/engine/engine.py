@@ -98,7 +98,7 @@ class Engine:
             if kv is not None and (why := kv.refusal(len(request.prompt),
                                                      request.params.max_tokens)):
                 raise BeyondBudget(why)
-            if len(self._waiting) >= self._queue_limit:
+            if self._queue_full():
                 raise QueueFull(f"{len(self._waiting)} requests already waiting")
             self._waiting.append(request)
             self._metrics.requests_waiting.set(len(self._waiting))
@@ -111,7 +111,13 @@ class Engine:
     def queue_is_full(self) -> bool:
         """Whether submit() would refuse now: checked before a prompt is tokenized."""
         with self._lock:
-            return len(self._waiting) >= self._queue_limit
+            return self._queue_full()
+
+    def _queue_full(self) -> bool:
+        """The waiting requests that a free batch slot takes at the next plan are not queued:
+        two sent together to an idle rank with one slot and `queue_limit` 1 both get in."""
+        free_slots = max(0, self._max_batch - len(self._running))
+        return len(self._waiting) - free_slots >= self._queue_limit
 
     def cancel(self, request_id: str) -> None:
         with self._lock:

@@ -277,6 +277,16 @@ async def test_a_full_queue_refuses_with_queue_full(engine: list[Running]) -> No
         running.submit("c", 2)
 
 
+async def test_requests_a_free_slot_will_take_are_not_counted_as_queued() -> None:
+    """Sent together to an idle engine (before it plans: the thread not started), as many
+    requests as free slots, then `queue_limit` more, are taken; the next is refused."""
+    running = Running(FakeBatch(), max_batch_size=2, queue_limit=1)
+    for rid in ("a", "b", "c"):
+        running.submit(rid, 2)
+    with pytest.raises(QueueFull):
+        running.submit("d", 2)
+
+
 async def test_stopping_refuses_new_requests_and_ends_running_ones(
     engine: list[Running],
 ) -> None:
