@@ -219,7 +219,11 @@ def test_queue_limit_429_and_request_timeout(limited) -> None:  # type: ignore[n
     ]
     for t in threads:
         t.start()
-    wait_until(lambda: metric_value(url, "serving_requests_pending") == 2, 30, "2 pending")
+    try:
+        wait_until(lambda: metric_value(url, "serving_requests_pending") == 2, 30, "2 pending")
+    except AssertionError as exc:  # say what the two got, if they were answered already
+        answers = [(r.status_code, r.text[:200]) for r in results]
+        raise AssertionError(f"{exc}; answered meanwhile: {answers}") from None
     third = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
     assert third.status_code == 429 and third.headers["retry-after"]
     assert third.json()["error"]["type"] == "rate_limit_error"
