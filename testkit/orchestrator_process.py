@@ -19,7 +19,7 @@ import tomli_w
 
 from testkit.http_tls import default_tls
 from testkit.paths import ROOT
-from testkit.ports import free_port_block, free_ports_outside
+from testkit.ports import cluster_ports
 from testkit.waiting import wait_healthy
 
 
@@ -27,8 +27,7 @@ def write_cluster(
     tmp: Path, model_path: str, nodes: list[dict[str, Any]], **sections: dict[str, Any]
 ) -> Path:
     """A cluster.toml on free ports (each its own), with its state dir under tmp."""
-    rank_port = free_port_block(len(nodes))
-    api_port, rank_api_port = free_ports_outside(2, range(rank_port, rank_port + len(nodes)))
+    rank_port, api_port, rank_api_port = cluster_ports(len(nodes))
     data: dict[str, Any] = {
         "cluster": {
             "name": "test",

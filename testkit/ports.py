@@ -25,14 +25,17 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def free_ports_outside(count: int, taken: range) -> list[int]:
-    """Distinct free ports, none in `taken` (a rank port block): two separate free_port()
-    calls can return the same port, which validation then refuses as a clash."""
+def cluster_ports(ranks: int) -> tuple[int, int, int]:
+    """(rank_port, api port, rank_api_port) for a cluster of `ranks`: a free block for the
+    ranks and two distinct free ports outside it (two separate free_port() calls can return
+    the same port, which validation then refuses as a clash)."""
+    rank_port = free_port_block(ranks)
+    block = range(rank_port, rank_port + ranks)
     for _ in range(50):
-        ports = free_ports(count)
-        if not any(port in taken for port in ports):
-            return ports
-    raise RuntimeError("no free ports outside the block")
+        api_port, rank_api_port = free_ports(2)
+        if api_port not in block and rank_api_port not in block:
+            return rank_port, api_port, rank_api_port
+    raise RuntimeError("no free ports outside the rank block")
 
 
 def free_port_block(count: int) -> int:

@@ -17,7 +17,7 @@ import tomli_w
 from testkit.netns import IP, HostsFactory, MultiHost
 from testkit.nine_heads import write_nine_heads_model
 from testkit.orchestrator_process import gateway_status, run_cli, running
-from testkit.ports import free_port_block, free_ports_outside
+from testkit.ports import cluster_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -53,9 +53,7 @@ def serving(config: Path, tmp_path: Path) -> str:
     data = tomllib.loads(config.read_text())
     model = write_nine_heads_model(tmp_path / "nine-heads", num_layers=3)
     data["model"]["path"] = str(model)
-    rank_port = free_port_block(len(data["nodes"]))
-    api_port, rank_api_port = free_ports_outside(
-        2, range(rank_port, rank_port + len(data["nodes"])))
+    rank_port, api_port, rank_api_port = cluster_ports(len(data["nodes"]))
     data["cluster"].update(name="test", state_dir=str(tmp_path / "state"), rank_port=rank_port)
     data["api"] = {"host": "127.0.0.1", "port": api_port}
     data["serving"] = {"rank_api_port": rank_api_port, "keepalive_s": 1.0}
