@@ -35,6 +35,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from testkit.orchestrator_process import running, write_cluster  # noqa: E402
 
 RECORDED = REPO / "bench" / "data" / "claude_code_request.json"
@@ -148,8 +150,7 @@ def main() -> None:
     target = "met" if results["median_ratio"] <= 0.3 else "NOT met"
     print(f"median turn 2 / turn 1 TTFT: {results['median_ratio']:.3f} "
           f"(goal <= 0.3 at 1 rank: {target})")
-    out = REPO / "bench" / "results" / f"agent_turns-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = results_path("agent_turns")
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")
 

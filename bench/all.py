@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_file import RESULTS, results_path
+
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results"
 
 QUICK = {
     "serving": ["--repeats", "1", "--max-tokens", "32"],
@@ -55,9 +56,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="+", choices=list(QUICK), default=list(QUICK))
     args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {name: run_one(name, args.ranks, args.quick) for name in args.only}
-    out = RESULTS / f"all-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out = results_path("all")
     out.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     print(json.dumps(summary, indent=2))
     print(f"summary: {out}")

@@ -40,6 +40,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from bench.serving import mlx_lm_server  # noqa: E402
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
@@ -196,8 +198,7 @@ def main() -> None:
         figures.extend(figs.values())
         rows.append(summary(figs, args.levels))
     print_summary(rows, args.levels)
-    out = REPO / "bench" / "results" / f"arrivals-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("arrivals")
     meta = {"model": args.model, "model_dir": str(model_dir), "blas": find_openblas(),
             "cpu_count": os.cpu_count(), **{k: v for k, v in vars(args).items()
                                             if k not in ("model", "workdir")}}

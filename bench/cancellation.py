@@ -27,6 +27,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from contract.settings import ModelSettings  # noqa: E402
 from testkit.orchestrator_process import running, write_cluster  # noqa: E402
 
@@ -98,8 +100,7 @@ def main() -> None:
         "fresh_request_idle_s": idle, "fresh_request_after_s": after,
         "drained_after_s": drained,
     }
-    out = REPO / "bench" / "results" / f"cancellation-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("cancellation")
     out.write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
 

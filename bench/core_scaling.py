@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_file import results_path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -97,8 +99,7 @@ def main() -> None:
                "load_average_before": load_before, "args": vars(args), "rounds": rounds}
     print(f"two processes / one, median of {args.rounds}: "
           f"{summary['two_over_one_median']:.2f}x")
-    out = REPO / "bench" / "results" / f"core-scaling-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = results_path("core-scaling")
     out.write_text(json.dumps(summary, indent=1))
     print(f"wrote {out}")
 

@@ -28,6 +28,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from testkit.orchestrator_process import running, write_cluster  # noqa: E402
 
 MODEL = "bundled:smollm2-135m-instruct"
@@ -86,8 +88,7 @@ def main() -> None:
         print(f"{r['layout']:8} {r['ready_s']:8.1f} {r['first_request_ttft_s']:9.2f} "
               f"{r['first_request_total_s']:10.2f} {r['warm_ttft_s']:10.2f} "
               f"{r['warm_total_s']:11.2f} {r['sampled_20_total_s']:11.2f}")
-    out = REPO / "bench" / "results" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("demo")
     out.write_text(json.dumps(rows, indent=2))
     print(f"figures: {out}")
 

@@ -65,6 +65,8 @@ import uvicorn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from contract.settings import ModelSettings, ServingSettings  # noqa: E402
 from orchestrator.loadgen.streams import (  # noqa: E402
     chat_body,
@@ -346,8 +348,7 @@ def main() -> None:
         parser.error(f"--pairs must be at least {WARMUP_PAIRS} warm-up pairs + 2")
     results = [bench_ranks(args, ranks, stack) for ranks in args.ranks for stack in args.stacks]
     print_summary(results)
-    out = REPO / "bench" / "results" / f"gateway-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("gateway")
     out.write_text(json.dumps({"meta": meta(args), "results": results}, indent=2))
     print(f"\nwrote {out}")
 

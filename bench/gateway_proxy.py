@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
+from results_file import results_path  # noqa: E402
 
 from bench.gateway import percentile  # noqa: E402
 from testkit.ports import free_ports  # noqa: E402
@@ -288,9 +289,7 @@ def main() -> None:
     awake = [False, True] if args.keep_awake else [False]
     runs = {f"{loop},delay={delay}{',keep-awake' if a else ''}": measure(delay, args.pairs, a, loop)
             for delay in args.delays for a in awake for loop in args.loops}
-    results = REPO / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / f"gateway-proxy-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out = results_path("gateway-proxy")
     out.write_text(json.dumps({"pairs": args.pairs, "runs": runs}, indent=2) + "\n")
     print(f"figures: {out}")
 

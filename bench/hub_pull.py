@@ -30,6 +30,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from contract.model_ref import Bundled, parse_model_ref  # noqa: E402
 from contract.settings import ModelSettings  # noqa: E402
 from orchestrator.models.hub import HubAccess, HubError  # noqa: E402
@@ -131,11 +133,7 @@ def main() -> None:
     ratio = results["pull"]["mb_per_s"] / results["curl_parallel"]["mb_per_s"]
     results["pull_vs_curl_parallel"] = round(ratio, 2)
     print(json.dumps(results, indent=2))
-    out = REPO / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / f"hub-pull-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(
-        json.dumps(results, indent=2)
-    )
+    results_path("hub-pull").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

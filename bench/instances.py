@@ -75,6 +75,8 @@ import tomli_w
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from bench.instance_rates import STORY, Server, measure_rates, rate_summary  # noqa: E402
 from bench.serving import mlx_lm_server  # noqa: E402
 from contract.blas import find_openblas  # noqa: E402
@@ -357,8 +359,7 @@ def main() -> None:
     failover = failover_summary(runs) if runs else None
     print_summary(rates, failover)
     mode = "pinned" if args.pinned else "unpinned"
-    out = REPO / "bench" / "results" / f"instances-{mode}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path(f"instances-{mode}")
     meta = {"model_dir": str(model_dir), "blas": find_openblas(), "cpu_count": os.cpu_count(),
             "mode": mode, "load_average": os.getloadavg(), **vars(args)}
     out.write_text(json.dumps({"meta": meta, "rates": rates, "raw_rates": raw,
@@ -376,8 +377,7 @@ def failover_only(args: argparse.Namespace) -> None:
         log = two.output
     failover = failover_summary(runs)
     print_summary({}, failover)
-    out = REPO / "bench" / "results" / f"instances-failover-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("instances-failover")
     out.write_text(json.dumps({"meta": vars(args), "failover": failover,
                                "failover_runs": runs, "logs": {"two": log}}, indent=2))
     print(f"\nwrote {out}")

@@ -52,6 +52,7 @@ from testkit.rank_cluster import RankCluster, rank_cluster  # noqa: E402
 sys.path.insert(0, str(REPO / "bench"))
 from kv_fit import fitting  # noqa: E402
 from kv_memory_poll import ACTIVE, PEAK, Poller, read  # noqa: E402
+from results_file import RESULTS, results_path  # noqa: E402
 
 GPL = Path("/usr/share/common-licenses/GPL-3")
 CONTEXT = 8192  # SmolLM2's
@@ -213,9 +214,8 @@ def main() -> None:
                "short": "Write a long story about a lighthouse keeper and a storm.",
                "long": slices(text * 2, tokenizer, 1, args.long_tokens)[0]
                + "\nSummarize this."}
-    work = REPO / "bench" / "results" / f"kv-cache-work-{os.getpid()}"
-    out = REPO / "bench" / "results" / f"kv-cache-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    work = RESULTS / f"kv-cache-work-{os.getpid()}"
+    out = results_path("kv-cache")
     meta = {"argv": sys.argv, "cpus": os.cpu_count(), "started": time.strftime("%F %T")}
     rows: list[dict[str, Any]] = []
     for r in args.ranks:

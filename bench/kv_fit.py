@@ -18,18 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from results_file import results_path  # noqa: E402
 
 from contract.fingerprint import ModelConfigInfo  # noqa: E402
 from contract.kv_cache import allocated_tokens, rank_layouts, sequence_kv_bytes  # noqa: E402
 from contract.model_config import config_info  # noqa: E402
 from testkit.model_configs import CONFIGS, SMOLLM2  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 MODELS = ("Qwen3-235B-A22B", "gpt-oss-120b", "Llama-3.3-70B-Instruct", "Qwen3-30B-A3B")
 
 
@@ -69,8 +69,7 @@ def main() -> None:
                              "fit": dict(zip(("none", "8", "4"), counts, strict=True))})
                 print(f"{name:28} {ranks} rank{'s' if ranks > 1 else ' '} {gb:6.1f} GB: "
                       + " / ".join(map(str, counts)))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"kv_fit-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = results_path("kv_fit")
     out.write_text(json.dumps({"tokens": tokens, "rows": rows}, indent=2))
     print(f"wrote {out}")
 

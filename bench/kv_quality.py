@@ -32,6 +32,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import RESULTS, results_path  # noqa: E402
+
 from contract.blas import find_openblas  # noqa: E402
 from contract.rank_env import FORCED_OUTPUT  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
@@ -99,7 +101,7 @@ def main() -> None:
     model_dir = resolve(RankSettings(model=ModelSettings(path=args.model)),
                         float32=find_openblas() is not None)
     args.title, text = text_tokens(model_dir, GPL.read_text(), args.tokens)
-    work = REPO / "bench" / "results" / f"kv-quality-work-{int(time.time())}"
+    work = RESULTS / f"kv-quality-work-{int(time.time())}"
     rows = [measure(model_dir, ranks, config, text, args, work)
             for ranks in args.ranks for config in CONFIGS]
     greedy = [row.pop("greedy") for row in rows]
@@ -117,8 +119,7 @@ def main() -> None:
               f"tokens in {row['perplexity_s']} s; greedy identical "
               f"{row['greedy_agreement']['identical']}/{len(PROMPTS)}, leading equal "
               f"{row['greedy_agreement']['leading_equal']}")
-    out = REPO / "bench" / "results" / f"kv-quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("kv-quality")
     out.write_text(json.dumps({"text": str(GPL), "tokens": args.tokens, "rows": rows},
                               indent=2))
     print(f"figures: {out}")

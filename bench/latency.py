@@ -36,6 +36,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from bench.serving import mlx_lm_server  # noqa: E402
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings, ServingSettings  # noqa: E402
@@ -198,8 +200,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.workdir = args.workdir or Path(tmp)
         results = run(args)
-    out = REPO / "bench" / "results" / f"latency-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = results_path("latency")
     out.write_text(json.dumps(results, indent=2), encoding="utf-8")
     print(f"figures: {out}")
 

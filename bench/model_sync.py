@@ -48,6 +48,8 @@ import tomli_w
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from node_agent.models.hashes import CACHE_ENV, build_manifest  # noqa: E402
 from serving.model.bundled import default_cache_dir, resolve_model  # noqa: E402
 from testkit.netns import TC, MultiHost, PrivateTmpfs, multi_host, sh  # noqa: E402
@@ -342,8 +344,7 @@ def main() -> int:
             for k in ("sync_aggregate_mb_per_s", "rsync_aggregate_mb_per_s", "sync_s", "rsync_s",
                       "rsync_s_over_sync_s")
         }
-    out = REPO / "bench" / "results" / f"model-sync-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("model-sync")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
     print(f"written to {out}")

@@ -34,6 +34,8 @@ import tomli_w
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from serving.model.bundled import default_cache_dir  # noqa: E402
 from testkit.load import Load, fault  # noqa: E402
 from testkit.netns import MultiHost, multi_host  # noqa: E402
@@ -147,8 +149,7 @@ def main() -> None:
             "linktest": linktests(Path(tmp)),
             "faults": link_faults(Path(tmp), args.runs, args.hold_s),
         }
-    out = REPO / "bench" / "results" / f"multihost-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("multihost")
     out.write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
     print(f"figures: {out}")

@@ -31,6 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from contract.blas import find_openblas  # noqa: E402
 from testkit.ports import free_ports  # noqa: E402
 
@@ -142,8 +144,7 @@ def main() -> None:
             table = summary(report)
             results["runs"][spec] = {"report": report, "summary": table}
             print_table(split, table)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = args.out or REPO / "bench" / "results" / f"pipeline-micro-{stamp}.json"
+    out = args.out or results_path("pipeline-micro")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"figures: {out}")

@@ -19,11 +19,12 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from results_file import results_path  # noqa: E402
 
 from bench.serving import concurrent_rate, stream_once  # noqa: E402
 from testkit.rank_cluster import rank_cluster  # noqa: E402
@@ -77,8 +78,7 @@ def main() -> None:
     for name, runs in results.items():
         medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"{name:<14}" + "".join(f"{v:>26.3f}" for v in medians.values()))
-    out = REPO / "bench" / "results" / f"placement-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("placement")
     out.write_text(json.dumps(results, indent=2))
     print(f"figures: {out}")
 

@@ -41,6 +41,7 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm import load  # noqa: E402
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+from results_file import results_path  # noqa: E402
 
 from serving.model.bundled import resolve_model  # noqa: E402
 
@@ -168,8 +169,7 @@ def main() -> None:
     exp = exp_vs_power(SOFTMAX_BLOCK, args.steps)
     print(f"exp {exp['exp_ns_per_element']:.1f} ns/element, "
           f"power(2, x) {exp['power2_ns_per_element']:.1f} ns/element")
-    out = REPO / "bench" / "results" / f"prefill-step-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)  # results/ is not in git
+    out = results_path("prefill-step")
     out.write_text(json.dumps({"model": args.model, "rows": args.rows, "steps": args.steps,
                                "device": str(mx.default_device()), "steps_ms": rows,
                                "exp": exp}, indent=2))

@@ -30,6 +30,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from orchestrator.tls import pinned, self_signed  # noqa: E402
 from orchestrator.transports.ssh import SshTransport  # noqa: E402
 from testkit.ports import free_port  # noqa: E402
@@ -137,8 +139,7 @@ def main() -> None:
         figures["per_token_added_ms"] = figures["per_token_p50_ms"] - base["per_token_p50_ms"]
         print(f"{name:<12} {figures['request_p50_ms']:>15.3f} {figures['request_added_ms']:>8.3f}"
               f" {figures['per_token_p50_ms']:>13.4f} {figures['per_token_added_ms']:>8.4f}")
-    out = Path("bench/results") / f"rank0-hop-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = results_path("rank0-hop")
     out.write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
 
 

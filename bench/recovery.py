@@ -54,6 +54,8 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from bench.recovery_report import (  # noqa: E402
     HEALTH_POLL_S,
     KILLED_RANK,
@@ -369,8 +371,7 @@ def bench(args: argparse.Namespace, config: Path, supervisor: dict[str, Any], ur
             f"left with its launch ids: {left or 'none'}",
             flush=True,
         )
-        out = REPO / "bench" / "results" / f"recovery-{time.strftime('%Y%m%dT%H%M%S')}"
-        out.parent.mkdir(parents=True, exist_ok=True)
+        out = results_path("recovery", "")
         orch.save_output(out.with_suffix(".log"))
         if runs:
             write(out.with_suffix(".json"), args, supervisor, runs, initial, killed, left)

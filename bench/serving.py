@@ -33,6 +33,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import results_path  # noqa: E402
+
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
 from orchestrator.loadgen.streams import chat_body, concurrent_streams, stream_chat  # noqa: E402
@@ -216,8 +218,7 @@ def main() -> None:
             profile_ours(model_dir, ranks, args, figs["ours"])
         figures.extend(figs.values())
     print_table(figures, args.concurrency)
-    out = REPO / "bench" / "results" / f"serving-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("serving")
     meta = {"model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,
             "cpu_count": os.cpu_count(), "ld_preload": os.environ.get("LD_PRELOAD", "")}
     out.write_text(json.dumps({"meta": meta, "figures": [asdict(f) for f in figures]}, indent=2))

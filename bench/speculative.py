@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,6 +30,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from results_file import results_path  # noqa: E402
 
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
@@ -184,8 +185,7 @@ def main() -> None:
     for ranks in args.ranks:
         figures.extend(bench_ranks(model_dir, ranks, args))
     print_table(figures)
-    out = REPO / "bench" / "results" / f"speculative-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("speculative")
     meta = {"model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,
             "draft_tokens": args.draft_tokens, "draft_model": args.draft_model,
             "cpu_count": os.cpu_count()}

@@ -38,6 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from results_file import RESULTS, results_path  # noqa: E402
+
 from serving.model.bundled import default_cache_dir  # noqa: E402
 from testkit.orchestrator_process import Orchestrator, write_cluster  # noqa: E402
 from testkit.rank_cluster import rank_cluster  # noqa: E402
@@ -154,8 +156,8 @@ def up_run(model: Path, work: Path) -> dict[str, float]:
             last = when
     phases["poll"] = ready - last
     log = "\n".join(f"{t - orch.started:8.3f} {line}" for t, line in lines)
-    (REPO / "bench" / "results").mkdir(exist_ok=True)
-    (REPO / "bench" / "results" / "startup-up.log").write_text(log)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "startup-up.log").write_text(log)
     return phases
 
 
@@ -192,8 +194,7 @@ def main() -> None:
             runs = [up_run(model, work / f"up-{i}") for i in range(args.repeats)]
             results["up 1 node"] = median(runs)
             show("up 1 node", results["up 1 node"])
-    out = REPO / "bench" / "results" / f"startup-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
+    out = results_path("startup")
     out.write_text(json.dumps(results, indent=2))
     print(f"figures: {out}")
 

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from results_file import RESULTS, results_path
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -201,10 +203,8 @@ def summarize(out: Path) -> None:
 def launch(args: argparse.Namespace) -> int:
     from testkit.ports import free_ports
 
-    results = REPO / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / f"step-comm-{time.strftime('%Y%m%dT%H%M%S')}-{args.ranks}r.json"
-    hostfile = results / f"step-comm-hostfile-{os.getpid()}.json"
+    out = results_path(f"step-comm-{args.ranks}r")
+    hostfile = RESULTS / f"step-comm-hostfile-{os.getpid()}.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(args.ranks)]))
     argv = [sys.executable, __file__, "--rank-process", "--out", str(out), "--model", args.model,
             "--steps", str(args.steps), "--rounds", str(args.rounds),

@@ -19,7 +19,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +26,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from results_file import results_path  # noqa: E402
 
 from contract.blas import find_openblas  # noqa: E402
 from contract.settings import ModelSettings, RankSettings  # noqa: E402
@@ -123,8 +124,7 @@ def main() -> None:
     for ranks in args.ranks:
         figures.extend(bench_ranks(model_dir, ranks, args))
     print_table(figures, args.ranks)
-    out = REPO / "bench" / "results" / f"structured-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("structured")
     meta = {"model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats,
             "cpu_count": os.cpu_count(),
             "ratios": {str(r): ratios(figures, r) for r in args.ranks}}
